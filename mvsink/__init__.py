@@ -1,0 +1,36 @@
+"""mvsink: keep a Delta table exactly equal to a Spark Structured Streaming query's result."""
+
+from mvsink.config import RetryPolicy, SinkOptions
+from mvsink.errors import (
+    ConfigError,
+    ConflictError,
+    DuplicateKeyError,
+    InputError,
+    InvariantViolation,
+    MVSinkError,
+    RetriesExhaustedError,
+    SchemaMismatchError,
+    UnsupportedTableError,
+)
+from mvsink.report import EpochReport
+from mvsink.sink import MVSink, frontier
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ConflictError",
+    "DuplicateKeyError",
+    "EpochReport",
+    "InputError",
+    "InvariantViolation",
+    "MVSink",
+    "MVSinkError",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "SchemaMismatchError",
+    "SinkOptions",
+    "UnsupportedTableError",
+    "__version__",
+    "frontier",
+]

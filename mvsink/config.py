@@ -1,0 +1,142 @@
+"""Options of a sink, as frozen pydantic models that load from keyword arguments or TOML.
+
+``SinkOptions`` is what ``MVSink(...)`` takes; a TOML file holds the same fields under
+``[sink]`` (and ``[sink.retry]``). Invalid values raise ``ConfigError`` naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mvsink.errors import ConfigError, Where
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+
+class RetryPolicy(_Frozen):
+    """How often and how patiently an epoch retries after losing a commit race."""
+
+    max_attempts: int = Field(8, ge=1, le=1000)
+    """Attempts per epoch (the first included) before ``RetriesExhaustedError``."""
+    initial_backoff_s: float = Field(0.05, ge=0.0, le=60.0)
+    """Sleep after the first conflict; doubles (``multiplier``) after each further one."""
+    max_backoff_s: float = Field(5.0, ge=0.0, le=600.0)
+    """Upper bound on one sleep."""
+    multiplier: float = Field(2.0, ge=1.0, le=10.0)
+    """Growth of the sleep between attempts."""
+    jitter: float = Field(0.5, ge=0.0, le=1.0)
+    """Each sleep is scaled by a random factor in ``[1 - jitter, 1]`` so replicas spread out."""
+
+    def backoff(self, attempt: int, rand: float) -> float:
+        """Seconds to sleep after failed attempt number ``attempt`` (1-based)."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
+        return base * (1.0 - self.jitter * rand)
+
+
+class SinkOptions(_Frozen):
+    """Everything that configures one ``MVSink``."""
+
+    target: str
+    """The Delta table that holds the view: a local path or a ``file://`` URI."""
+    name: str
+    """The view's name; the frontier is the Delta app transaction ``mvsink:<name>``."""
+    mode: Literal["complete"] = "complete"
+    """Shape of each micro-batch: ``complete`` means it is the whole desired collection."""
+    as_of: int = Field(0, ge=0)
+    """Epochs below this produce nothing; the first epoch at or above it is written whole."""
+    read_only: bool = False
+    """Compute and report corrections but never commit (a standby replica)."""
+    max_rows_per_file: int = Field(250_000, ge=1)
+    """Upper bound on rows per staged file, so that a retraction rewrites a bounded file."""
+    cluster_by: tuple[str, ...] = ()
+    """Columns to sort inserted rows by, so rows that change together share few files."""
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    """Passed to delta-rs when opening the target."""
+    writer: str | None = None
+    """Recorded in each commit's metadata; defaults to ``host:pid``."""
+    retry: RetryPolicy = RetryPolicy()
+    """Behaviour after a lost commit race."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(
+                "must be 1-128 characters of letters, digits, '_', '.', '-' and not start with "
+                f"'.' or '-' (got {v!r})"
+            )
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _check_target(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must not be empty")
+        scheme = urlparse(v).scheme
+        if scheme not in ("", "file"):
+            raise ValueError(
+                f"only local paths and file:// URIs are supported for now (got scheme {scheme!r})"
+            )
+        return v
+
+    @field_validator("cluster_by")
+    @classmethod
+    def _check_cluster_by(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"names a column twice: {list(v)}")
+        return v
+
+    @property
+    def app_id(self) -> str:
+        """The Delta app id under which this view's frontier is recorded."""
+        return f"mvsink:{self.name}"
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> SinkOptions:
+        """Validate keyword arguments, turning pydantic's error into a ``ConfigError``."""
+        try:
+            return cls.model_validate(kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc, kwargs) from None
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> SinkOptions:
+        """Load the ``[sink]`` table of a TOML file; ``overrides`` win over the file."""
+        data = load_toml(path)
+        sink = data.get("sink")
+        if not isinstance(sink, dict):
+            raise ConfigError(f"{path}: no [sink] table")
+        return cls.build(**{**sink, **overrides})
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, reporting a missing file or bad syntax as ``ConfigError``."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def _config_error(exc: ValidationError, given: dict[str, Any]) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        option = ".".join(str(p) for p in err["loc"]) or "options"
+        lines.append(f"option {option!r}: {err['msg']}")
+    where = Where(
+        view=given.get("name") if isinstance(given.get("name"), str) else None,
+        target=given.get("target") if isinstance(given.get("target"), str) else None,
+    )
+    return ConfigError("invalid sink options: " + "; ".join(lines), where)

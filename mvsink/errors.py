@@ -1,0 +1,97 @@
+"""The exceptions mvsink raises.
+
+Every error is an ``MVSinkError`` and says which view, target and epoch it concerns::
+
+    MVSinkError
+    ├── ConfigError (also ValueError)        bad options or config file: fix and restart
+    ├── InputError (also ValueError)         the micro-batch cannot be stored as given
+    │   ├── SchemaMismatchError              desired's columns differ from the target's
+    │   └── DuplicateKeyError                upsert mode: one key twice in a batch
+    ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses
+    ├── ConflictError                        retryable: another commit landed first
+    │   └── RetriesExhaustedError            ...and kept landing until the retry budget ran out
+    └── InvariantViolation                   a check that must never fail did: a bug, report it
+
+Catch ``ConflictError`` to retry an epoch yourself (Spark retries a failed batch on restart);
+everything else is terminal for the epoch and leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which view, target and epoch an error concerns (any may be unknown)."""
+
+    view: str | None = None
+    target: str | None = None
+    epoch: int | None = None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.view is not None:
+            parts.append(f"view {self.view!r}")
+        if self.target is not None:
+            parts.append(f"target {self.target!r}")
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch}")
+        return ", ".join(parts)
+
+
+class MVSinkError(Exception):
+    """Root of every mvsink error. ``view``, ``target`` and ``epoch`` say where it happened."""
+
+    def __init__(self, message: str, where: Where | None = None) -> None:
+        self.where = where or Where()
+        self.message = message
+        super().__init__(f"[{self.where}] {message}" if str(self.where) else message)
+
+    @property
+    def view(self) -> str | None:
+        return self.where.view
+
+    @property
+    def target(self) -> str | None:
+        return self.where.target
+
+    @property
+    def epoch(self) -> int | None:
+        return self.where.epoch
+
+
+class ConfigError(MVSinkError, ValueError):
+    """An option or config file is invalid; the message names the option."""
+
+
+class InputError(MVSinkError, ValueError):
+    """The micro-batch cannot be stored as given; the target is left unchanged."""
+
+
+class SchemaMismatchError(InputError):
+    """Desired's schema differs from the target's; ``columns`` names the differing columns."""
+
+    def __init__(self, message: str, where: Where | None = None, columns: tuple[str, ...] = ()) -> None:
+        super().__init__(message, where)
+        self.columns = columns
+
+
+class DuplicateKeyError(InputError):
+    """Upsert mode without a sequence column got one key several times in one batch."""
+
+
+class UnsupportedTableError(MVSinkError):
+    """The target uses a Delta feature mvsink refuses (deletion vectors, column mapping...)."""
+
+
+class ConflictError(MVSinkError):
+    """Another commit landed between our snapshot and our commit. Retryable."""
+
+
+class RetriesExhaustedError(ConflictError):
+    """Conflicts kept happening until the retry policy gave up; the epoch is not committed."""
+
+
+class InvariantViolation(MVSinkError):
+    """An internal check failed. Nothing was committed; please report it with the log."""

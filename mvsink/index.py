@@ -1,0 +1,148 @@
+"""The persisted side, kept as an index: for each data file, its row fingerprints in order.
+
+Delta data files are immutable and their paths unique, so an entry, once computed, stays true
+for as long as the file is in the table; the index never needs invalidating, only extending.
+Each epoch ``sync`` drops entries of files that left the snapshot and fingerprints, in one
+Spark job, only the files it has not seen (another writer's commit, a compaction, a restart).
+Files this sink stages are indexed as they are written. The persisted side of an epoch is
+then the concatenation of the entries of the snapshot's files, with no Spark job at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from mvsink.correction import I64, Fingerprints
+from mvsink.delta import DataFile, Snapshot
+from mvsink.errors import InvariantViolation, Where
+from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """Fingerprints of one file's rows in row order, and the URI Spark reads it under."""
+
+    uri: str | None
+    a: I64
+    b: I64
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+
+def read_rows(spark: SparkSession, schema: StructType, paths: Sequence[str]) -> DataFrame:
+    """The rows of the listed Parquet files, read with the table's schema."""
+    return spark.read.schema(schema).parquet(*paths)
+
+
+def fingerprint_files(
+    spark: SparkSession, schema: StructType, paths: Sequence[str], where: Where
+) -> dict[str, FileEntry]:
+    """Fingerprint every row of the listed local files in one Spark job, keyed by path."""
+    if not paths:
+        return {}
+    meta = F.col("_metadata")
+    a, b = fingerprint_columns(schema)
+    # The path string goes to the driver once per file (on row 0), not once per row.
+    table = (
+        read_rows(spark, schema, paths)
+        .select(
+            F.when(meta.getField("row_index") == 0, meta.getField("file_path")).alias("uri"),
+            F.xxhash64(meta.getField("file_path")).alias("h"),
+            meta.getField("row_index").alias("i"),
+            a,
+            b,
+        )
+        .toArrow()
+    )
+    h = table.column("h").to_numpy()
+    i = table.column("i").to_numpy()
+    fa = table.column(FP_A).to_numpy()
+    fb = table.column(FP_B).to_numpy()
+    uris = table.column("uri")
+    first = np.flatnonzero(uris.is_valid().to_numpy(zero_copy_only=False))
+    by_hash = {int(h[k]): str(uris[int(k)]) for k in first}
+    order = np.lexsort((i, h))
+    h, i, fa, fb = h[order], i[order], fa[order], fb[order]
+    bounds = np.flatnonzero(np.diff(h)) + 1
+    wanted = {_normal(p): p for p in paths}
+    out: dict[str, FileEntry] = {}
+    for chunk in np.split(np.arange(len(h)), bounds) if len(h) else []:
+        uri = by_hash.get(int(h[chunk[0]]))
+        if uri is None or not np.array_equal(i[chunk], np.arange(len(chunk))):
+            raise InvariantViolation(f"row positions of a file read back with gaps ({uri})", where)
+        path = wanted.get(_normal(uri))
+        if path is None:
+            raise InvariantViolation(f"Spark read a file that was not asked for: {uri}", where)
+        out[path] = FileEntry(uri, fa[chunk].copy(), fb[chunk].copy())
+    empty = np.zeros(0, dtype=np.int64)
+    for p in paths:
+        out.setdefault(p, FileEntry(None, empty, empty))
+    return out
+
+
+def _normal(path_or_uri: str) -> str:
+    parsed = urlparse(path_or_uri)
+    return unquote(parsed.path) if parsed.scheme else path_or_uri
+
+
+class PersistedIndex:
+    """Fingerprints of the target's files, keyed by their path in the Delta log."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, FileEntry] = {}
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._files
+
+    def entry(self, path: str) -> FileEntry:
+        return self._files[path]
+
+    def put(self, path: str, entry: FileEntry) -> None:
+        self._files[path] = entry
+
+    def forget(self, paths: Iterable[str]) -> None:
+        for p in paths:
+            self._files.pop(p, None)
+
+    def sync(self, spark: SparkSession, snap: Snapshot, schema: StructType, where: Where) -> int:
+        """Make the index cover exactly ``snap``'s files; returns how many files it read."""
+        live = {f.path for f in snap.files}
+        self.forget([p for p in self._files if p not in live])
+        missing = [f for f in snap.files if f.path not in self._files]
+        if not missing:
+            return 0
+        log.info("%s: indexing %d file(s) not seen before", where, len(missing))
+        local = {f.local_path(snap.root): f for f in missing}
+        entries = fingerprint_files(spark, schema, list(local), where)
+        for path, entry in entries.items():
+            f = local[path]
+            if f.num_records is not None and f.num_records != len(entry):
+                raise InvariantViolation(
+                    f"{f.path} holds {len(entry)} rows but the Delta log says {f.num_records}", where
+                )
+            self._files[f.path] = entry
+        return len(missing)
+
+    def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
+        """The persisted side over ``files``: file numbers index into ``files``."""
+        entries = [self._files[f.path] for f in files]
+        if not entries:
+            return Fingerprints.empty()
+        sizes = np.array([len(e) for e in entries], dtype=np.int64)
+        return Fingerprints(
+            a=np.concatenate([e.a for e in entries]),
+            b=np.concatenate([e.b for e in entries]),
+            file=np.repeat(np.arange(len(entries), dtype=np.int64), sizes),
+            pos=np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]),
+        )

@@ -1,0 +1,78 @@
+"""Jobs run from the command line or a config file: a streaming query feeding an ``MVSink``.
+
+A job file is TOML with ``[job]`` (what query, how long, where the checkpoint lives),
+``[sink]`` (``SinkOptions``) and ``[spark]`` (session settings). With no file, the embedded
+default runs: the demo revenue view of ``mvsink.demo``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mvsink.config import SinkOptions, _config_error, load_toml
+from mvsink.errors import ConfigError
+
+
+class JobOptions(BaseModel):
+    """The ``[job]`` table of a job file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    query: str = "mvsink.demo:revenue_query"
+    """``module:function`` taking a SparkSession and returning the streaming DataFrame."""
+    output_mode: str = "complete"
+    """Spark output mode of the query (``complete`` for the complete sink mode)."""
+    checkpoint: str = "data/checkpoints/revenue"
+    """Spark checkpoint folder of the query."""
+    trigger_seconds: float = Field(1.0, gt=0)
+    """Processing-time trigger interval."""
+    epochs: int | None = Field(6, ge=1)
+    """Stop after this many epochs (None: run until stopped)."""
+    show: bool = True
+    """Print the view and the sink's figures after each epoch."""
+    tamper_after_epoch: int | None = 2
+    """Demo only: after this epoch, corrupt the table to show the next epoch repairing it."""
+
+    @field_validator("query")
+    @classmethod
+    def _entry_point(cls, v: str) -> str:
+        if v.count(":") != 1:
+            raise ValueError(f"must look like 'package.module:function' (got {v!r})")
+        return v
+
+    def load_query(self) -> Callable[..., Any]:
+        module, func = self.query.split(":")
+        try:
+            return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"option 'job.query': cannot load {self.query!r}: {exc}") from None
+
+
+class JobConfig(BaseModel):
+    """A whole job file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job: JobOptions = JobOptions()
+    sink: SinkOptions
+    spark: dict[str, str] = {}
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> JobConfig:
+        data = DEFAULT if path is None else load_toml(path)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _config_error(exc, data.get("sink", {}) if isinstance(data.get("sink"), dict) else {}) from None
+
+
+DEFAULT: dict[str, Any] = {
+    "job": {},
+    "sink": {"target": "data/views/revenue", "name": "revenue"},
+    "spark": {"spark.master": "local[2]"},
+}

@@ -1,0 +1,42 @@
+"""What one epoch did, as the sink reports it (returned, kept on the sink, and logged)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Outcome = Literal["committed", "replay", "before_as_of", "read_only"]
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """Per-epoch figures. ``version`` is the Delta version committed (None if none was)."""
+
+    view: str
+    target: str
+    epoch: int
+    outcome: Outcome
+    lower: int | None
+    upper: int | None
+    version: int | None
+    inserted: int = 0
+    retracted: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    bytes_written: int = 0
+    files_indexed: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        head = f"view {self.view} epoch {self.epoch}: {self.outcome}"
+        if self.outcome == "replay":
+            return f"{head} (frontier already {self.lower}; nothing written)"
+        if self.outcome == "before_as_of":
+            return f"{head} (nothing written)"
+        where = f" as version {self.version}" if self.version is not None else ""
+        return (
+            f"{head}{where} [{self.lower} -> {self.upper}]: +{self.inserted} -{self.retracted} rows, "
+            f"{self.files_added} file(s) added, {self.files_removed} removed, "
+            f"{self.bytes_written:,} bytes, {self.attempts} attempt(s), {self.seconds:.2f}s"
+        )

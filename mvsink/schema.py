@@ -1,0 +1,134 @@
+"""Schemas: what desired may look like, and whether it fits the target.
+
+The target's schema is desired's with every field made nullable (Spark's nullability
+inference changes with the plan; a view must not fail because an aggregate became nullable).
+Desired fits the target when it has the same column names and, column by column, the same
+types up to nullability; column order may differ (rows are selected in the target's order).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from mvsink.errors import InputError, SchemaMismatchError, Where
+
+_PRIMITIVES = (
+    BinaryType, BooleanType, ByteType, DateType, DecimalType, DoubleType, FloatType,
+    IntegerType, LongType, ShortType, StringType, TimestampNTZType, TimestampType,
+)
+# Without column mapping, Delta (and Parquet readers) reject these in column names.
+_BAD_NAME_CHARS = set(" ,;{}()\n\t=")
+
+
+def _unsupported(t: DataType, path: str) -> list[str]:
+    if isinstance(t, StructType):
+        return [p for f in t.fields for p in _unsupported(f.dataType, f"{path}.{f.name}")]
+    if isinstance(t, ArrayType):
+        return _unsupported(t.elementType, f"{path}[]")
+    if isinstance(t, MapType):
+        return _unsupported(t.keyType, f"{path}{{key}}") + _unsupported(t.valueType, f"{path}{{value}}")
+    if isinstance(t, _PRIMITIVES):
+        return []
+    return [f"{path.lstrip('.')} ({t.simpleString()})"]
+
+
+def check_supported(schema: StructType, where: Where) -> None:
+    """Raise ``InputError`` if desired cannot be stored as a Delta table mvsink keeps."""
+    if not schema.fields:
+        raise InputError("desired has no columns", where)
+    lowered: dict[str, str] = {}
+    for name in schema.names:
+        if name.lower() in lowered:
+            raise InputError(
+                f"desired has columns {lowered[name.lower()]!r} and {name!r}, which Delta treats "
+                "as the same column; rename one",
+                where,
+            )
+        lowered[name.lower()] = name
+        bad = sorted(set(name) & _BAD_NAME_CHARS)
+        if not name or bad:
+            raise InputError(
+                f"column name {name!r} has characters Delta refuses without column mapping "
+                f"({''.join(bad)!r}); alias the column",
+                where,
+            )
+    bad_types = _unsupported(schema, "")
+    if bad_types:
+        raise InputError(
+            "Delta cannot store these columns: " + ", ".join(bad_types) + "; cast or drop them",
+            where,
+        )
+
+
+def _relaxed(node: Any) -> Any:
+    """A schema JSON node with every nullability set to true and field metadata emptied."""
+    if isinstance(node, dict):
+        out = {k: _relaxed(v) for k, v in node.items()}
+        for key in ("nullable", "containsNull", "valueContainsNull"):
+            if key in out:
+                out[key] = True
+        if "nullable" in out:  # a struct field
+            out["metadata"] = {}
+        return out
+    if isinstance(node, list):
+        return [_relaxed(v) for v in node]
+    return node
+
+
+def target_schema_json(desired: StructType) -> str:
+    """The schema a new target gets for ``desired`` (Delta's schema JSON is Spark's)."""
+    return json.dumps(_relaxed(json.loads(desired.json())))
+
+
+def target_struct(schema_json: str) -> StructType:
+    """The target's schema as a Spark ``StructType``."""
+    return StructType.fromJson(json.loads(schema_json))
+
+
+def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
+    """Raise ``SchemaMismatchError`` naming every column where desired and target differ."""
+    want = {f["name"]: f["type"] for f in _relaxed(json.loads(schema_json))["fields"]}
+    have = {f["name"]: f["type"] for f in _relaxed(json.loads(desired.json()))["fields"]}
+    problems, columns = [], []
+    for name in want.keys() - have.keys():
+        problems.append(f"{name!r} is in the target but not in desired")
+        columns.append(name)
+    for name in have.keys() - want.keys():
+        problems.append(f"{name!r} is in desired but not in the target")
+        columns.append(name)
+    for name in want.keys() & have.keys():
+        if want[name] != have[name]:
+            problems.append(f"{name!r} is {_show(want[name])} in the target, {_show(have[name])} in desired")
+            columns.append(name)
+    if problems:
+        raise SchemaMismatchError(
+            "desired's schema differs from the target's: " + "; ".join(sorted(problems))
+            + ". mvsink does not evolve schemas: write the view to a new target, or cast desired.",
+            where,
+            columns=tuple(sorted(columns)),
+        )
+
+
+def _show(t: Any) -> str:
+    return t if isinstance(t, str) else json.dumps(t, separators=(",", ":"))

@@ -1,0 +1,214 @@
+"""The complete-mode sink against real Spark and real Delta tables."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+
+import mvsink
+from mvsink import MVSink, frontier
+from tests.helpers import (
+    added,
+    assert_equal_to,
+    commit_info,
+    data_files_on_disk,
+    live_files,
+    multiset,
+    removed,
+    spark_read_listed,
+    target_table,
+    versions,
+)
+
+SCHEMA = "id long, name string, x double"
+
+
+def frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: str = SCHEMA) -> DataFrame:
+    return spark.createDataFrame(rows, schema)
+
+
+def people(spark: SparkSession, ids: range, suffix: str = "") -> DataFrame:
+    return frame(spark, [(i, f"n{i}{suffix}", i / 2) for i in ids])
+
+
+def foreign_append(target: str, rows: list[dict[str, object]]) -> None:
+    schema = pa.schema(DeltaTable(target).schema().to_arrow())
+    write_deltalake(target, pa.Table.from_pylist(rows, schema=schema), mode="append")
+
+
+def test_first_epoch_creates_the_table_and_records_the_frontier(spark, target):
+    sink = MVSink(target, "people")
+    assert frontier(target, "people") is None
+    desired = people(spark, range(10))
+    report = sink(desired, 0)
+    assert report.outcome == "committed" and report.version == 0
+    assert frontier(target, "people") == 1
+    assert sink.frontier() == 1
+    assert_equal_to(target, desired)
+    info = commit_info(target, 0)
+    assert info["mvsink.view"] == "people"
+    assert (info["mvsink.epoch"], info["mvsink.lower"], info["mvsink.upper"]) == ("0", "", "1")
+    assert info["mvsink.inserted"] == "10" and info["mvsink.retracted"] == "0"
+    assert int(info["mvsink.files_added"]) == len(added(target, 0)) >= 1
+    assert info["mvsink.files_removed"] == "0"
+
+
+def test_each_epoch_leaves_the_target_equal_to_desired_and_advances_the_frontier(spark, target):
+    sink = MVSink(target, "people")
+    for epoch, ids in enumerate([range(0, 10), range(5, 15), range(0, 3), range(100, 101)]):
+        desired = people(spark, ids, suffix=str(epoch % 2))
+        report = sink(desired, epoch)
+        assert_equal_to(target, desired)
+        assert frontier(target, "people") == epoch + 1
+        info = commit_info(target, report.version)
+        assert info["mvsink.lower"] == ("" if epoch == 0 else str(epoch))
+        assert info["mvsink.upper"] == str(epoch + 1)
+        assert int(info["mvsink.inserted"]) == report.inserted
+        assert int(info["mvsink.retracted"]) == report.retracted
+        assert int(info["mvsink.files_removed"]) == len(removed(target, report.version))
+
+
+def test_duplicates_nulls_and_nan_are_kept_exactly(spark, target):
+    sink = MVSink(target, "dups", max_rows_per_file=2)
+    nan = float("nan")
+    rows = [(1, "a", 1.0)] * 3 + [(None, None, None)] * 2 + [(2, None, nan)] * 2 + [(3, "c", -0.0)]
+    sink(frame(spark, rows), 0)
+    assert_equal_to(target, frame(spark, rows))
+    # Fewer copies of one row, more of another, NaN rows unchanged: only counts move.
+    rows2 = [(1, "a", 1.0)] * 1 + [(None, None, None)] * 4 + [(2, None, nan)] * 2 + [(3, "c", 0.0)]
+    report = sink(frame(spark, rows2), 1)
+    assert (report.inserted, report.retracted) == (2, 2)
+    assert_equal_to(target, frame(spark, rows2))
+    # The same multiset again: NaN compares equal to NaN, so nothing is written.
+    again = sink(frame(spark, list(reversed(rows2))), 2)
+    assert (again.inserted, again.retracted, again.files_added) == (0, 0, 0)
+
+
+def test_only_files_holding_retracted_rows_are_rewritten(spark, target):
+    sink = MVSink(target, "files", max_rows_per_file=10)
+    sink(people(spark, range(100)), 0)
+    before = live_files(target)
+    assert len(before) >= 5
+    holder = {}
+    for path in before:
+        for row in pa.parquet.read_table(os.path.join(target, path)).column("id").to_pylist():
+            holder[row] = path
+    # Change rows 3 and 4 (same file or two files), drop row 50, add row 1000.
+    desired = people(spark, [i for i in range(100) if i != 50]).unionByName(
+        frame(spark, [(1000, "new", 1.0)])
+    )
+    desired = desired.where("id not in (3, 4)").unionByName(frame(spark, [(3, "changed", 0.0), (4, "changed", 0.0)]))
+    report = sink(desired, 1)
+    assert_equal_to(target, desired)
+    assert set(removed(target, report.version)) == {holder[3], holder[4], holder[50]}
+    assert before - {holder[3], holder[4], holder[50]} <= live_files(target)
+    assert (report.inserted, report.retracted) == (3, 3)
+    # Each rewritten file lost only its retracted rows; inserts went to new files.
+    new_rows = sum(pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in added(target, report.version))
+    old_rows = sum(pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in removed(target, report.version))
+    assert new_rows == old_rows - 3 + 3
+
+
+def test_an_unchanged_epoch_commits_only_the_frontier(spark, target):
+    sink = MVSink(target, "same")
+    desired = people(spark, range(20))
+    sink(desired, 0)
+    files = live_files(target)
+    report = sink(desired, 1)
+    assert report.outcome == "committed" and report.version == 1
+    assert added(target, 1) == [] and removed(target, 1) == []
+    assert live_files(target) == files
+    assert frontier(target, "same") == 2
+
+
+def test_rogue_inserts_deletes_and_duplicates_are_repaired_next_epoch(spark, target):
+    sink = MVSink(target, "heal", max_rows_per_file=5)
+    desired = people(spark, range(20))
+    sink(desired, 0)
+    foreign_append(target, [{"id": 999, "name": "rogue", "x": 1.0}])
+    foreign_append(target, [{"id": 7, "name": "n7", "x": 3.5}] * 2)  # duplicates of a real row
+    DeltaTable(target).delete("id = 3 OR id = 12")
+    assert multiset(target_table(target)) != multiset(desired.toArrow())
+    report = sink(desired, 1)
+    assert report.outcome == "committed"
+    assert (report.inserted, report.retracted) == (2, 3)
+    assert_equal_to(target, desired)
+
+
+def test_a_replayed_epoch_writes_nothing_and_creates_no_version(spark, target):
+    sink = MVSink(target, "replay")
+    sink(people(spark, range(5)), 0)
+    sink(people(spark, range(6)), 1)
+    before = versions(target)
+    # Spark replays batch 1 after a restart, and a lagging replica sends batch 0.
+    for epoch in (1, 0):
+        report = MVSink(target, "replay")(people(spark, range(99)), epoch)
+        assert report.outcome == "replay" and report.version is None
+    assert versions(target) == before
+    assert_equal_to(target, people(spark, range(6)))
+
+
+def test_epochs_before_as_of_produce_nothing_then_the_frontier_jumps(spark, target):
+    sink = MVSink(target, "asof", as_of=5)
+    for epoch in range(5):
+        assert sink(people(spark, range(epoch + 1)), epoch).outcome == "before_as_of"
+    assert not os.path.exists(target)
+    sink(people(spark, range(3)), 5)
+    assert frontier(target, "asof") == 6
+    # A target whose frontier is behind jumps straight to the new upper.
+    report = sink(people(spark, range(4)), 9)
+    assert (report.lower, report.upper) == (6, 10)
+    assert frontier(target, "asof") == 10
+    assert_equal_to(target, people(spark, range(4)))
+
+
+def test_read_only_sink_reports_the_correction_and_commits_nothing(spark, target):
+    MVSink(target, "ro")(people(spark, range(10)), 0)
+    standby = MVSink(target, "ro", read_only=True)
+    report = standby(people(spark, range(5, 12)), 1)
+    assert report.outcome == "read_only"
+    assert (report.inserted, report.retracted) == (2, 5)
+    assert versions(target) == [0]
+
+
+def test_spark_reads_the_listed_files_as_desired(spark, target):
+    sink = MVSink(target, "spark")
+    desired = people(spark, range(30))
+    sink(desired, 0)
+    sink(people(spark, range(10, 40)), 1)
+    got = multiset(spark_read_listed(spark, target).toArrow())
+    assert got == multiset(people(spark, range(10, 40)).toArrow())
+
+
+def test_public_api_is_pinned():
+    assert mvsink.__all__ == sorted(mvsink.__all__)
+    assert set(mvsink.__all__) == {
+        "ConfigError", "ConflictError", "DuplicateKeyError", "EpochReport", "InputError",
+        "InvariantViolation", "MVSink", "MVSinkError", "RetriesExhaustedError", "RetryPolicy",
+        "SchemaMismatchError", "SinkOptions", "UnsupportedTableError", "__version__", "frontier",
+    }
+
+
+def test_nan_is_not_a_float_problem_in_stats(spark, target):
+    # Stats must never carry NaN: a NaN-bearing file must leave the table readable.
+    sink = MVSink(target, "nan")
+    desired = frame(spark, [(1, "a", math.nan), (2, "b", math.inf), (3, "c", -math.inf)])
+    sink(desired, 0)
+    assert_equal_to(target, desired)
+    assert DeltaTable(target).to_pyarrow_table().num_rows == 3
+
+
+def test_staged_files_outside_hidden_folders_and_none_left_behind(spark, target):
+    sink = MVSink(target, "staging", max_rows_per_file=4)
+    sink(people(spark, range(12)), 0)
+    sink(people(spark, range(3, 15)), 1)
+    on_disk = data_files_on_disk(target)
+    ever = {p for v in versions(target) for p in added(target, v)}
+    assert on_disk == ever  # every data file on disk was committed at some version
+    assert all(not part.startswith(("_", ".")) for p in on_disk for part in p.split(os.sep)[:-1])
+    assert not any(n.endswith(".crc") or n == "_SUCCESS" for _, _, ns in os.walk(target) for n in ns)
