@@ -1,7 +1,7 @@
 """``mvsink``: run a job file (or the embedded demo), or print a view's frontier.
 
-    mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the demo)
-    mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
+mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the demo)
+mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
 """
 
 from __future__ import annotations

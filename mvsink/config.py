@@ -64,7 +64,7 @@ class SinkOptions(_Frozen):
     """Passed to delta-rs when opening the target."""
     writer: str | None = None
     """Recorded in each commit's metadata; defaults to ``host:pid``."""
-    retry: RetryPolicy = RetryPolicy()
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
     """Behaviour after a lost commit race."""
 
     @field_validator("name")

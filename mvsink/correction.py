@@ -1,4 +1,4 @@
-"""The correction: desired − persisted, as a multiset of row fingerprints.
+"""The correction: desired - persisted, as a multiset of row fingerprints.
 
 Pure numpy, no Spark: desired arrives as one fingerprint per row, persisted as one fingerprint
 per (file, row position). For every fingerprint ``f`` with ``d`` copies desired and ``p``
@@ -87,7 +87,7 @@ class Correction:
 
 
 def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
-    """desired − persisted as a ``Correction`` (see the module doc)."""
+    """desired - persisted as a ``Correction`` (see the module doc)."""
     nd, np_ = len(desired), len(persisted)
     if np_ and (persisted.file is None or persisted.pos is None):
         raise ValueError("persisted fingerprints need file and pos")

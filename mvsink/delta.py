@@ -86,9 +86,7 @@ class Snapshot:
         return self.version is not None
 
 
-def load_snapshot(
-    target: str, app_id: str, storage_options: Mapping[str, str], where: Where
-) -> Snapshot:
+def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], where: Where) -> Snapshot:
     """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep."""
     root = table_root(target)
     try:
@@ -174,9 +172,7 @@ def compare_and_append(
     no-ops). Returns the new version; raises ``ConflictError`` if another commit came first.
     """
     now = int(time.time() * 1000)
-    add_actions = [
-        AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats) for f in adds
-    ]
+    add_actions = [AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats) for f in adds]
     props = CommitProperties(
         custom_metadata=dict(metadata),
         max_commit_retries=0,

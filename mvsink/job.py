@@ -58,7 +58,7 @@ class JobConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    job: JobOptions = JobOptions()
+    job: JobOptions = Field(default_factory=JobOptions)
     sink: SinkOptions
     spark: dict[str, str] = {}
 
@@ -68,7 +68,9 @@ class JobConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise _config_error(exc, data.get("sink", {}) if isinstance(data.get("sink"), dict) else {}) from None
+            raise _config_error(
+                exc, data.get("sink", {}) if isinstance(data.get("sink"), dict) else {}
+            ) from None
 
 
 DEFAULT: dict[str, Any] = {

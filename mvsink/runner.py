@@ -75,9 +75,14 @@ def _tamper(sink: MVSink, epoch: int) -> None:
     """Disturb the view as a stray writer would: a rogue row in, a real row out."""
     table = delta.read_table(sink.target)
     victim = sorted(table.column(table.column_names[0]).to_pylist(), key=repr)[0]
-    rogue = {name: None for name in table.column_names}
+    rogue: dict[str, Any] = {name: None for name in table.column_names}
     rogue[table.column_names[0]] = "rogue"
     delta.foreign_append(sink.target, [rogue])
     delta.foreign_delete(sink.target, f"{table.column_names[0]} = '{victim}'")
-    print(show_table(delta.read_table(sink.target), f"\n!! tampered after epoch {epoch}: inserted a rogue row, deleted {victim!r}"))
+    print(
+        show_table(
+            delta.read_table(sink.target),
+            f"\n!! tampered after epoch {epoch}: inserted a rogue row, deleted {victim!r}",
+        )
+    )
     print("   the next epoch must repair this")

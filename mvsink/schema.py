@@ -34,8 +34,19 @@ from pyspark.sql.types import (
 from mvsink.errors import InputError, SchemaMismatchError, Where
 
 _PRIMITIVES = (
-    BinaryType, BooleanType, ByteType, DateType, DecimalType, DoubleType, FloatType,
-    IntegerType, LongType, ShortType, StringType, TimestampNTZType, TimestampType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    TimestampNTZType,
+    TimestampType,
 )
 # Without column mapping, Delta (and Parquet readers) reject these in column names.
 _BAD_NAME_CHARS = set(" ,;{}()\n\t=")
@@ -123,7 +134,8 @@ def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
             columns.append(name)
     if problems:
         raise SchemaMismatchError(
-            "desired's schema differs from the target's: " + "; ".join(sorted(problems))
+            "desired's schema differs from the target's: "
+            + "; ".join(sorted(problems))
             + ". mvsink does not evolve schemas: write the view to a new target, or cast desired.",
             where,
             columns=tuple(sorted(columns)),

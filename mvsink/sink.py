@@ -146,8 +146,15 @@ class _Epoch:
                 schema_json = snap.schema_json
             else:
                 schema_json = target_schema_json(self.raw.schema)
-            desc = mint(self.epoch, snap.frontier, as_of=self.opts.as_of, read_only=self.opts.read_only, where=self.where)
+            desc = mint(
+                self.epoch,
+                snap.frontier,
+                as_of=self.opts.as_of,
+                read_only=self.opts.read_only,
+                where=self.where,
+            )
             if desc in ("replay", "before_as_of"):
+                self._drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
             corr = self._correction(snap, schema_json)
             if not isinstance(desc, BatchDescription):
@@ -182,7 +189,13 @@ class _Epoch:
             except ConflictError as exc:
                 discard_folder(staged.folder)
                 pause = policy.backoff(attempt, random.random())
-                log.info("%s: attempt %d lost a commit race (%s); retrying in %.2fs", self.where, attempt, exc.message, pause)
+                log.info(
+                    "%s: attempt %d lost a commit race (%s); retrying in %.2fs",
+                    self.where,
+                    attempt,
+                    exc.message,
+                    pause,
+                )
                 if attempt < policy.max_attempts:
                     time.sleep(pause)
                 continue
@@ -194,13 +207,24 @@ class _Epoch:
             self.sink._index.forget(f.path for f in staged.removes)
             for add, entry in zip(staged.adds, staged.entries, strict=True):
                 self.sink._index.put(add.path.replace(os.sep, "/"), entry)
-            return self._report("committed", desc.lower, desc.upper, version, attempt, corr=corr, staged=staged)
+            return self._report(
+                "committed", desc.lower, desc.upper, version, attempt, corr=corr, staged=staged
+            )
         raise RetriesExhaustedError(
             f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
             "(Spark will retry the batch). If another writer commits this often, raise "
             "retry.max_attempts or make it commit less often.",
             self.where,
         )
+
+    def _drain(self) -> None:
+        """Run the micro-batch's plan without output, unless this epoch already ran it.
+
+        A stateful streaming query commits its state only when every partition of the batch
+        ran; Spark 4 fails a ``foreachBatch`` that skips them. Writing nothing is not enough.
+        """
+        if self.fingerprints is None:
+            self.raw.write.format("noop").mode("overwrite").save()
 
     def _desired(self, schema_json: str) -> DataFrame:
         """Desired in the target's column order with its fingerprints, cached for this epoch."""

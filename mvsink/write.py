@@ -56,17 +56,17 @@ class Staged:
 
 @contextlib.contextmanager
 def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    saved = {k: spark.conf.get(k, None) for k in settings}
+    saved: dict[str, str | None] = {k: spark.conf.get(k, None) for k in settings}
     for k, v in settings.items():
         spark.conf.set(k, v)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
+        for k, old in saved.items():
+            if old is None:
                 spark.conf.unset(k)
             else:
-                spark.conf.set(k, v)
+                spark.conf.set(k, old)
 
 
 def _keys_frame(spark: SparkSession, **columns: np.ndarray) -> DataFrame:
@@ -92,8 +92,9 @@ def inserted_rows(
         keys = _keys_frame(spark, **{FP_A: corr.part_a, FP_B: corr.part_b, "__n": corr.part_n})
         one = desired.join(keys, [FP_A, FP_B], "inner").dropDuplicates([FP_A, FP_B])
         parts.append(
-            one.withColumn("__copy", F.explode(F.array_repeat(F.lit(True), F.col("__n").cast("int"))))
-            .select(*cols)
+            one.withColumn("__copy", F.explode(F.array_repeat(F.lit(True), F.col("__n").cast("int")))).select(
+                *cols
+            )
         )
     out = parts[0]
     for p in parts[1:]:
@@ -198,11 +199,13 @@ def _data_files(folder: str) -> list[str]:
 
 
 def _check_counts(staged: Staged, index: PersistedIndex, where: Where) -> None:
-    """Rows staged = rows of rewritten files − retracted + inserted, or nothing is committed."""
+    """Rows staged = rows of rewritten files - retracted + inserted, or nothing is committed."""
     rewritten = sum(len(index.entry(f.path)) for f in staged.removes)
     expected = rewritten - staged.retracted + staged.inserted
     written = sum(f.num_records for f in staged.adds)
-    if written != expected or any(len(e) != f.num_records for e, f in zip(staged.entries, staged.adds, strict=True)):
+    if written != expected or any(
+        len(e) != f.num_records for e, f in zip(staged.entries, staged.adds, strict=True)
+    ):
         discard_folder(staged.folder)
         raise InvariantViolation(
             f"staged {written} rows where the correction needs {expected} "

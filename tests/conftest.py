@@ -19,5 +19,5 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture
-def target(tmp_path: "os.PathLike[str]") -> str:
+def target(tmp_path: os.PathLike[str]) -> str:
     return os.path.join(str(tmp_path), "view")

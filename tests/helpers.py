@@ -59,7 +59,9 @@ def assert_equal_to(target: str, desired: DataFrame, version: int | None = None)
 def spark_read_listed(spark: SparkSession, target: str) -> DataFrame:
     """The target as Spark reads the files the Delta log lists (no Delta jars)."""
     dt = DeltaTable(target)
-    paths = [os.path.join(target, unquote(p)) for p in pa.table(dt.get_add_actions()).column("path").to_pylist()]
+    paths = [
+        os.path.join(target, unquote(p)) for p in pa.table(dt.get_add_actions()).column("path").to_pylist()
+    ]
     schema = json.loads(dt.schema().to_json())
     from pyspark.sql.types import StructType
 
@@ -85,7 +87,9 @@ def commit_info(target: str, version: int) -> dict[str, Any]:
 
 
 def versions(target: str) -> list[int]:
-    return sorted(int(os.path.basename(p)[:20]) for p in glob.glob(os.path.join(target, "_delta_log", "*.json")))
+    return sorted(
+        int(os.path.basename(p)[:20]) for p in glob.glob(os.path.join(target, "_delta_log", "*.json"))
+    )
 
 
 def live_files(target: str) -> set[str]:

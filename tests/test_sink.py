@@ -6,7 +6,6 @@ import math
 import os
 
 import pyarrow as pa
-import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
@@ -102,15 +101,21 @@ def test_only_files_holding_retracted_rows_are_rewritten(spark, target):
     desired = people(spark, [i for i in range(100) if i != 50]).unionByName(
         frame(spark, [(1000, "new", 1.0)])
     )
-    desired = desired.where("id not in (3, 4)").unionByName(frame(spark, [(3, "changed", 0.0), (4, "changed", 0.0)]))
+    desired = desired.where("id not in (3, 4)").unionByName(
+        frame(spark, [(3, "changed", 0.0), (4, "changed", 0.0)])
+    )
     report = sink(desired, 1)
     assert_equal_to(target, desired)
     assert set(removed(target, report.version)) == {holder[3], holder[4], holder[50]}
     assert before - {holder[3], holder[4], holder[50]} <= live_files(target)
     assert (report.inserted, report.retracted) == (3, 3)
     # Each rewritten file lost only its retracted rows; inserts went to new files.
-    new_rows = sum(pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in added(target, report.version))
-    old_rows = sum(pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in removed(target, report.version))
+    new_rows = sum(
+        pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in added(target, report.version)
+    )
+    old_rows = sum(
+        pa.parquet.read_metadata(os.path.join(target, p)).num_rows for p in removed(target, report.version)
+    )
     assert new_rows == old_rows - 3 + 3
 
 
@@ -188,9 +193,21 @@ def test_spark_reads_the_listed_files_as_desired(spark, target):
 def test_public_api_is_pinned():
     assert mvsink.__all__ == sorted(mvsink.__all__)
     assert set(mvsink.__all__) == {
-        "ConfigError", "ConflictError", "DuplicateKeyError", "EpochReport", "InputError",
-        "InvariantViolation", "MVSink", "MVSinkError", "RetriesExhaustedError", "RetryPolicy",
-        "SchemaMismatchError", "SinkOptions", "UnsupportedTableError", "__version__", "frontier",
+        "ConfigError",
+        "ConflictError",
+        "DuplicateKeyError",
+        "EpochReport",
+        "InputError",
+        "InvariantViolation",
+        "MVSink",
+        "MVSinkError",
+        "RetriesExhaustedError",
+        "RetryPolicy",
+        "SchemaMismatchError",
+        "SinkOptions",
+        "UnsupportedTableError",
+        "__version__",
+        "frontier",
     }
 
 

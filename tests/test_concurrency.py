@@ -1,0 +1,171 @@
+"""Races, foreign commits and compactions landing between a sink's snapshot and its commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from deltalake import DeltaTable
+
+from mvsink import MVSink, RetriesExhaustedError, frontier
+from mvsink.delta import foreign_append
+from tests.helpers import (
+    added,
+    assert_equal_to,
+    data_files_on_disk,
+    live_files,
+    multiset,
+    removed,
+    target_table,
+    versions,
+)
+from tests.test_sink import people
+
+RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
+
+
+def once(action):
+    """A before-commit hook that runs ``action`` the first time only."""
+    state = {"done": False}
+
+    def hook(snapshot):
+        if not state["done"]:
+            state["done"] = True
+            action()
+
+    return hook
+
+
+def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spark, target):
+    sink = MVSink(target, "compact", max_rows_per_file=2, retry=RETRY_FAST)
+    sink(people(spark, range(10)), 0)
+    small_files = live_files(target)
+    assert len(small_files) >= 4
+    compacted = {}
+
+    def compact():
+        compacted["metrics"] = DeltaTable(target).optimize.compact()
+
+    sink._before_commit = once(compact)
+    desired = people(spark, [i for i in range(10) if i != 3])
+    report = sink(desired, 1)
+    assert compacted["metrics"]["numFilesRemoved"] >= 2  # the compaction really committed
+    # The first commit was refused (strict compare-and-append); the retry ran against the
+    # compacted files and row 3 is gone, not resurrected through the compacted file.
+    assert report.attempts == 2
+    assert_equal_to(target, desired)
+    assert frontier(target, "compact") == 2
+    assert set(removed(target, report.version)) <= {p for v in versions(target) for p in added(target, v)}
+
+
+def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, target):
+    sink = MVSink(target, "window", retry=RETRY_FAST)
+    sink(people(spark, range(5)), 0)
+    sink._before_commit = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
+    desired = people(spark, range(6))
+    report = sink(desired, 1)
+    assert report.attempts == 2 and report.outcome == "committed"
+    assert_equal_to(target, desired)
+
+
+def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target):
+    a = MVSink(target, "rep", retry=RETRY_FAST)
+    b = MVSink(target, "rep", retry=RETRY_FAST)
+    a(people(spark, range(5)), 0)
+    desired = people(spark, range(2, 9))
+    a._before_commit = once(lambda: b(desired, 1))  # the twin commits epoch 1 first
+    before = versions(target)
+    report = a(desired, 1)
+    assert report.outcome == "replay" and report.attempts == 2
+    assert versions(target) == [*before, before[-1] + 1]  # exactly one commit for epoch 1
+    assert_equal_to(target, desired)
+    # a's staged files of the lost attempt are gone; only committed files are on disk.
+    assert data_files_on_disk(target) == {p for v in versions(target) for p in added(target, v)}
+
+
+def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target):
+    a = MVSink(target, "newer", retry=RETRY_FAST)
+    b = MVSink(target, "newer", retry=RETRY_FAST)
+    a(people(spark, range(5)), 0)
+    a._before_commit = once(lambda: b(people(spark, range(30, 33)), 2))
+    report = a(people(spark, range(10)), 1)
+    assert report.outcome == "replay"
+    assert frontier(target, "newer") == 3
+    assert_equal_to(target, people(spark, range(30, 33)))
+
+
+def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target):
+    sink = MVSink(target, "busy", retry=RETRY_FAST)
+    sink(people(spark, range(5)), 0)
+    sink._before_commit = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])
+    with pytest.raises(RetriesExhaustedError) as info:
+        sink(people(spark, range(3)), 1)
+    err = info.value
+    assert (err.view, err.target, err.epoch) == ("busy", target, 1)
+    assert "busy" in str(err) and target in str(err) and "epoch 1" in str(err)
+    assert frontier(target, "busy") == 1
+    assert data_files_on_disk(target) == {p for v in versions(target) for p in added(target, v)}
+
+
+WORKER = r"""
+import json, sys, time, os
+sys.path.insert(0, os.getcwd())
+from mvsink.session import local_session
+from mvsink import MVSink
+target, go, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spark = local_session("race", conf={"spark.driver.memory": "1g"})
+sink = MVSink(target, "race", max_rows_per_file=4, retry={"initial_backoff_s": 0.01, "max_attempts": 50})
+rows = [[(i, f"e{e}-{i % 3}") for i in range(e, e + 12)] for e in range(epochs)]
+frames = [spark.createDataFrame(r, "id long, v string") for r in rows]
+for f in frames:
+    f.cache().count()
+while not os.path.exists(go):
+    time.sleep(0.05)
+out = []
+for e, f in enumerate(frames):
+    r = sink(f, e)
+    out.append([r.outcome, r.attempts])
+print(json.dumps(out))
+"""
+
+
+def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path):
+    epochs = 8
+    go = str(tmp_path / "go")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), target, go, str(epochs)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=os.getcwd(),
+        )
+        for _ in range(2)
+    ]
+    time.sleep(1)
+    open(go, "w").close()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    desired = [Counter((i, f"e{e}-{i % 3}") for i in range(e, e + 12)) for e in range(epochs)]
+    assert frontier(target, "race") == epochs
+    # Every committed version holds exactly one epoch's desired: never a duplicated row.
+    for v in versions(target):
+        upper = DeltaTable(target, version=v).transaction_version("mvsink:race")
+        assert multiset(target_table(target, v)) == desired[upper - 1], f"version {v}"
+    # Each epoch was committed by exactly one of the two.
+    committed = sorted(e for r in results for e, (outcome, _) in enumerate(r) if outcome == "committed")
+    assert len(committed) == len(set(committed))
+    assert data_files_on_disk(target) == {p for v in versions(target) for p in added(target, v)}
+    print("race attempts:", results)

@@ -1,0 +1,154 @@
+"""Bad input gets a clear mvsink error naming view, target and epoch, and the target is unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pydantic import ValidationError
+
+from mvsink import (
+    ConfigError,
+    InputError,
+    MVSink,
+    MVSinkError,
+    SchemaMismatchError,
+    SinkOptions,
+    UnsupportedTableError,
+)
+from tests.helpers import assert_equal_to, versions
+from tests.test_sink import frame, people
+
+
+def unchanged_after(target, action):
+    before = versions(target)
+    action()
+    assert versions(target) == before
+
+
+def test_a_schema_change_is_refused_naming_the_columns(spark, target):
+    sink = MVSink(target, "schema")
+    desired = people(spark, range(5))
+    sink(desired, 0)
+    other = spark.createDataFrame([(1, 2, "x")], "id long, name int, extra string")
+    with pytest.raises(SchemaMismatchError) as info:
+        sink(other, 1)
+    err = info.value
+    assert err.columns == ("extra", "name", "x")
+    assert "'name' is string in the target" in str(err) and "'extra' is in desired" in str(err)
+    assert (err.view, err.epoch) == ("schema", 1) and target in str(err)
+    assert versions(target) == [0]
+    assert_equal_to(target, desired)
+
+
+def test_column_order_and_nullability_may_differ(spark, target):
+    sink = MVSink(target, "order")
+    sink(people(spark, range(5)), 0)
+    reordered = people(spark, range(3, 8)).select("x", "id", "name")
+    sink(reordered, 1)
+    assert_equal_to(target, people(spark, range(3, 8)))
+
+
+@pytest.mark.parametrize(
+    "configuration, feature",
+    [
+        ({"delta.enableDeletionVectors": "true"}, "deletion vectors"),
+        ({"delta.columnMapping.mode": "name"}, "column mapping"),
+    ],
+)
+def test_tables_with_deletion_vectors_or_column_mapping_are_refused(spark, target, configuration, feature):
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())])
+    DeltaTable.create(target, schema, configuration=configuration)
+    with pytest.raises(UnsupportedTableError, match=feature) as info:
+        unchanged_after(target, lambda: MVSink(target, "feat")(people(spark, range(3)), 0))
+    assert info.value.target == target and info.value.epoch == 0
+
+
+@pytest.mark.parametrize(
+    "schema, rows, message",
+    [
+        ("id long, `bad name` string", [(1, "a")], "characters Delta refuses"),
+        ("id long, ID string", [(1, "a")], "the same column"),
+        ("id long, span interval day to second", None, "Delta cannot store"),
+    ],
+)
+def test_desired_that_delta_cannot_store_is_refused(spark, target, schema, rows, message):
+    MVSink(target, "bad")(people(spark, range(3)), 0)
+    if rows is None:
+        df = spark.sql("select 1L as id, interval '1' day as span")
+    else:
+        with_case = spark.conf.get("spark.sql.caseSensitive")
+        spark.conf.set("spark.sql.caseSensitive", "true")
+        try:
+            df = spark.createDataFrame(rows, schema)
+        finally:
+            spark.conf.set("spark.sql.caseSensitive", with_case)
+    with pytest.raises(InputError, match=message):
+        unchanged_after(target, lambda: MVSink(target, "bad")(df, 1))
+    assert_equal_to(target, people(spark, range(3)))
+
+
+def test_a_null_typed_column_is_refused_before_any_table_exists(spark, target):
+    df = spark.sql("select 1L as id, null as nothing")
+    with pytest.raises(InputError, match="nothing"):
+        MVSink(target, "void")(df, 0)
+    assert not os.path.exists(target)
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.5, "3", True])
+def test_a_bad_epoch_is_refused(spark, target, epoch):
+    with pytest.raises(InputError, match="epoch"):
+        MVSink(target, "ep")(people(spark, range(3)), epoch)
+    assert not os.path.exists(target)
+
+
+@pytest.mark.parametrize(
+    "options, option",
+    [
+        ({"name": "has space"}, "name"),
+        ({"name": ""}, "name"),
+        ({"target": "s3://bucket/x"}, "target"),
+        ({"as_of": -1}, "as_of"),
+        ({"max_rows_per_file": 0}, "max_rows_per_file"),
+        ({"retry": {"max_attempts": 0}}, "retry.max_attempts"),
+        ({"mode": "merge"}, "mode"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_invalid_options_name_the_option(target, options, option):
+    kwargs = {"target": target, "name": "v", **options}
+    with pytest.raises(ConfigError) as info:
+        MVSink(**kwargs)
+    assert f"option {option!r}" in str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, MVSinkError)
+
+
+def test_options_load_from_toml(tmp_path, target):
+    conf = tmp_path / "view.toml"
+    conf.write_text(f'[sink]\ntarget = "{target}"\nname = "v"\nas_of = 3\n[sink.retry]\nmax_attempts = 4\n')
+    opts = SinkOptions.from_toml(conf)
+    assert (opts.as_of, opts.retry.max_attempts) == (3, 4)
+    sink = MVSink.from_options(opts)
+    assert sink.options == opts
+    conf.write_text('[sink]\ntarget = "x"\nname = "v"\nretry = { max_attempts = "many" }\n')
+    with pytest.raises(ConfigError, match=r"retry\.max_attempts"):
+        SinkOptions.from_toml(conf)
+    with pytest.raises(ConfigError, match="does not exist"):
+        SinkOptions.from_toml(tmp_path / "missing.toml")
+
+
+def test_options_are_frozen(target):
+    opts = SinkOptions.build(target=target, name="v")
+    with pytest.raises(ValidationError):
+        opts.as_of = 4  # type: ignore[misc]
+
+
+def test_a_foreign_table_with_other_columns_is_left_alone(spark, target):
+    from deltalake import write_deltalake
+
+    write_deltalake(target, pa.table({"a": [1, 2]}))
+    with pytest.raises(SchemaMismatchError):
+        unchanged_after(target, lambda: MVSink(target, "foreign")(frame(spark, [(1, "a", 1.0)]), 0))
+    assert DeltaTable(target).to_pyarrow_table().num_rows == 2

@@ -1,0 +1,107 @@
+"""End to end: a real streaming query with foreachBatch, stopped and restarted."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import functions as F
+
+from mvsink import MVSink, frontier
+from mvsink.cli import main
+from tests.helpers import assert_equal_to, target_table, versions
+
+
+def write_orders(folder: str, name: str, rows: list[tuple[str, int]]) -> None:
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.writelines(f"{p},{a}\n" for p, a in rows)
+    os.rename(tmp, os.path.join(folder, f"{name}.csv"))
+
+
+def run_available(spark, source, target, ckpt):
+    orders = spark.readStream.schema("product string, amount long").csv(source)
+    view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+    sink = MVSink(target, "revenue")
+    query = (
+        view.writeStream.outputMode("complete")
+        .foreachBatch(sink)
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    return view, sink
+
+
+def expected(spark, source):
+    return (
+        spark.read.schema("product string, amount long")
+        .csv(source)
+        .groupBy("product")
+        .agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+    )
+
+
+def test_a_complete_mode_query_keeps_the_view_across_restarts(spark, tmp_path, target):
+    source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 1)])
+    run_available(spark, source, target, ckpt)
+    assert_equal_to(target, expected(spark, source))
+    first = frontier(target, "revenue")
+    assert first is not None
+    write_orders(source, "b", [("p3", 2), ("p2", 1)])
+    _, sink = run_available(spark, source, target, ckpt)  # a restarted job: new sink object
+    assert_equal_to(target, expected(spark, source))
+    assert frontier(target, "revenue") > first
+    assert sink.last_report is not None and sink.last_report.outcome == "committed"
+
+
+def test_a_restart_that_replays_a_committed_batch_writes_nothing(spark, tmp_path, target):
+    source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_orders(source, "a", [("p1", 5)])
+    run_available(spark, source, target, ckpt)
+    # Forget that the batch committed in Spark's checkpoint: Spark runs it again on restart.
+    commits = os.path.join(ckpt, "commits")
+    for name in os.listdir(commits):
+        os.remove(os.path.join(commits, name))
+    before = versions(target)
+    _, sink = run_available(spark, source, target, ckpt)
+    assert sink.last_report is not None and sink.last_report.outcome == "replay"
+    assert versions(target) == before
+    assert_equal_to(target, expected(spark, source))
+
+
+def test_cli_runs_a_job_file(spark, tmp_path, capsys):
+    target = str(tmp_path / "views" / "revenue")
+    conf = tmp_path / "job.toml"
+    conf.write_text(
+        "[job]\n"
+        f'checkpoint = "{tmp_path / "ckpt"}"\n'
+        "epochs = 3\ntrigger_seconds = 0.5\ntamper_after_epoch = 1\n"
+        "[sink]\n"
+        f'target = "{target}"\nname = "revenue"\n'
+    )
+    assert main(["run", str(conf)]) == 0
+    out = capsys.readouterr().out
+    assert "tampered after epoch" in out and "view revenue epoch" in out
+    table = target_table(target)
+    assert "rogue" not in table.column("product").to_pylist()
+    assert main(["frontier", target, "revenue"]) == 0
+    assert capsys.readouterr().out.strip() == str(frontier(target, "revenue"))
+
+
+def test_cli_reports_a_bad_job_file(tmp_path, capsys):
+    conf = tmp_path / "job.toml"
+    conf.write_text('[sink]\ntarget = "x"\nname = "bad name"\n')
+    assert main(["run", str(conf)]) == 2
+    assert "option 'sink.name'" in capsys.readouterr().err
+
+
+def test_the_shipped_job_files_are_valid():
+    from mvsink.job import DEFAULT, JobConfig
+
+    for name in os.listdir("conf"):
+        JobConfig.load(os.path.join("conf", name))
+    assert JobConfig.load(None) == JobConfig.model_validate(DEFAULT)
