@@ -86,49 +86,71 @@ class Correction:
         return out
 
 
+def _sorted_runs(a: I64, b: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """An order that groups equal fingerprints together, and where each group starts.
+
+    A plain sort on the first hash is several times faster than a lexicographic sort on both;
+    it groups correctly unless two different rows share a first hash (a 64-bit collision),
+    which is detected and handled by the slower sort.
+    """
+    order = np.argsort(a)
+    a_s, b_s = a[order], b[order]
+    new_a = a_s[1:] != a_s[:-1]
+    new_run = new_a | (b_s[1:] != b_s[:-1])
+    if np.count_nonzero(new_run) != np.count_nonzero(new_a):
+        order = np.lexsort((b, a))
+        a_s, b_s = a[order], b[order]
+        new_run = (a_s[1:] != a_s[:-1]) | (b_s[1:] != b_s[:-1])
+    return order, np.concatenate([np.ones(min(1, len(a)), dtype=bool), new_run])
+
+
 def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
     """desired - persisted as a ``Correction`` (see the module doc)."""
     nd, np_ = len(desired), len(persisted)
+    z = np.zeros(0, dtype=np.int64)
     if np_ and (persisted.file is None or persisted.pos is None):
         raise ValueError("persisted fingerprints need file and pos")
-    a = np.concatenate([desired.a, persisted.a])
-    b = np.concatenate([desired.b, persisted.b])
-    side = np.concatenate([np.zeros(nd, np.int8), np.ones(np_, np.int8)])
+    p_file = persisted.file if persisted.file is not None else z
+    p_pos = persisted.pos if persisted.pos is not None else z
     n = nd + np_
-    z = np.zeros(0, dtype=np.int64)
     if n == 0:
         return Correction(z, z, z, z, z, z, z, 0, 0)
-    # Sort by fingerprint, desired copies before persisted ones within each fingerprint.
-    order = np.lexsort((side, b, a))
-    a_s, b_s, side_s = a[order], b[order], side[order]
-    new_run = np.empty(n, dtype=bool)
-    new_run[0] = True
-    np.not_equal(a_s[1:], a_s[:-1], out=new_run[1:])
-    new_run[1:] |= b_s[1:] != b_s[:-1]
+    a = np.concatenate([desired.a, persisted.a])
+    b = np.concatenate([desired.b, persisted.b])
+    order, new_run = _sorted_runs(a, b)
+    is_p = order >= nd
     starts = np.flatnonzero(new_run)
     run_id = np.cumsum(new_run) - 1
     lengths = np.diff(np.append(starts, n))
-    d_count = np.bincount(run_id, weights=(side_s == 0), minlength=len(starts)).astype(np.int64)
-    p_count = lengths - d_count
-    # Within a run, persisted copy k (0-based) is kept iff k < d_count; its index in the
-    # sorted order is start + d_count + k.
-    rank = np.arange(n) - starts[run_id]
-    retract = (side_s == 1) & (rank >= 2 * d_count[run_id])
-    src = order[retract] - nd
-    assert persisted.file is not None or not len(src)
-    r_file = persisted.file[src] if persisted.file is not None else z
-    r_pos = persisted.pos[src] if persisted.pos is not None else z
+    p_count = np.bincount(run_id, weights=is_p, minlength=len(starts)).astype(np.int64)
+    d_count = lengths - p_count
+    ka, kb = a[order[starts]], b[order[starts]]
+
+    # Retract every persisted copy of a fingerprint desired lacks entirely...
+    gone = is_p & (d_count[run_id] == 0)
+    r_src = [order[gone] - nd]
+    # ...and, where desired has fewer copies than persisted, the copies beyond the earliest
+    # d_count (by file, then position). Rare (duplicated rows), so done on that subset only.
+    fewer = is_p & (d_count[run_id] > 0) & (p_count[run_id] > d_count[run_id])
+    if fewer.any():
+        src = order[fewer] - nd
+        runs = run_id[fewer]
+        o = np.lexsort((p_pos[src], p_file[src], runs))
+        src, runs = src[o], runs[o]
+        first = np.flatnonzero(np.concatenate([[True], runs[1:] != runs[:-1]]))
+        rank = np.arange(len(src)) - np.repeat(first, np.diff(np.append(first, len(src))))
+        r_src.append(src[rank >= d_count[runs]])
+    src_all = np.concatenate(r_src)
     whole = (d_count > 0) & (p_count == 0)
     part = (p_count > 0) & (d_count > p_count)
-    ka, kb = a_s[starts], b_s[starts]
     return Correction(
         whole_a=ka[whole],
         whole_b=kb[whole],
         part_a=ka[part],
         part_b=kb[part],
         part_n=(d_count - p_count)[part],
-        retract_file=r_file.astype(np.int64),
-        retract_pos=r_pos.astype(np.int64),
+        retract_file=p_file[src_all].astype(np.int64),
+        retract_pos=p_pos[src_all].astype(np.int64),
         desired_rows=nd,
         whole_copies=int(d_count[whole].sum()),
     )

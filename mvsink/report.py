@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Outcome = Literal["committed", "replay", "before_as_of", "read_only"]
@@ -27,6 +27,8 @@ class EpochReport:
     files_indexed: int = 0
     attempts: int = 0
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per step: snapshot, index, fingerprint, diff, write, append."""
 
     def __str__(self) -> str:
         head = f"view {self.view} epoch {self.epoch}: {self.outcome}"

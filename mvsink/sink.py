@@ -35,6 +35,7 @@ Invariants (cited elsewhere by number):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -42,7 +43,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark import StorageLevel
@@ -127,6 +128,16 @@ class _Epoch:
         self.desired: DataFrame | None = None
         self.fingerprints: Fingerprints | None = None
         self.files_indexed = 0
+        self.phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Add the time spent in the block to the epoch's figures under ``name``."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
 
     def run(self) -> EpochReport:
         check_supported(self.raw.schema, self.where)
@@ -139,7 +150,10 @@ class _Epoch:
     def _attempts(self) -> EpochReport:
         policy = self.opts.retry
         for attempt in range(1, policy.max_attempts + 1):
-            snap = load_snapshot(self.opts.target, self.opts.app_id, self.opts.storage_options, self.where)
+            with self._phase("snapshot"):
+                snap = load_snapshot(
+                    self.opts.target, self.opts.app_id, self.opts.storage_options, self.where
+                )
             if snap.exists:
                 assert snap.schema_json is not None
                 check_fits(self.raw.schema, snap.schema_json, self.where)
@@ -159,33 +173,35 @@ class _Epoch:
             corr = self._correction(snap, schema_json)
             if not isinstance(desc, BatchDescription):
                 return self._report(desc, snap.frontier, None, None, attempt, corr=corr)
-            staged = stage(
-                self.raw.sparkSession,
-                desired=self._desired(schema_json),
-                corr=corr,
-                snap=snap,
-                index=self.sink._index,
-                schema=target_struct(schema_json),
-                view=self.opts.name,
-                epoch=self.epoch,
-                max_rows_per_file=self.opts.max_rows_per_file,
-                cluster_by=self.opts.cluster_by,
-                where=self.where,
-            )
+            with self._phase("write"):
+                staged = stage(
+                    self.raw.sparkSession,
+                    desired=self._desired(schema_json),
+                    corr=corr,
+                    snap=snap,
+                    index=self.sink._index,
+                    schema=target_struct(schema_json),
+                    view=self.opts.name,
+                    epoch=self.epoch,
+                    max_rows_per_file=self.opts.max_rows_per_file,
+                    cluster_by=self.opts.cluster_by,
+                    where=self.where,
+                )
             try:
                 if self.sink._before_commit is not None:
                     self.sink._before_commit(snap)
-                version = compare_and_append(
-                    snap,
-                    adds=staged.adds,
-                    removes=staged.removes,
-                    app_id=self.opts.app_id,
-                    upper=desc.upper,
-                    metadata=self._metadata(desc, staged),
-                    schema_json=schema_json,
-                    partition_by=(),
-                    where=self.where,
-                )
+                with self._phase("append"):
+                    version = compare_and_append(
+                        snap,
+                        adds=staged.adds,
+                        removes=staged.removes,
+                        app_id=self.opts.app_id,
+                        upper=desc.upper,
+                        metadata=self._metadata(desc, staged),
+                        schema_json=schema_json,
+                        partition_by=(),
+                        where=self.where,
+                    )
             except ConflictError as exc:
                 discard_folder(staged.folder)
                 pause = policy.backoff(attempt, random.random())
@@ -237,12 +253,15 @@ class _Epoch:
 
     def _correction(self, snap: Snapshot, schema_json: str) -> Correction:
         spark = self.raw.sparkSession
-        self.files_indexed += self.sink._index.sync(spark, snap, target_struct(schema_json), self.where)
+        with self._phase("index"):
+            self.files_indexed += self.sink._index.sync(spark, snap, target_struct(schema_json), self.where)
         if self.fingerprints is None:
             # Desired does not change between attempts: fingerprint it once per epoch.
-            table = self._desired(schema_json).select(FP_A, FP_B).toArrow()
-            self.fingerprints = Fingerprints(table.column(FP_A).to_numpy(), table.column(FP_B).to_numpy())
-        return diff(self.fingerprints, self.sink._index.persisted(snap.files))
+            with self._phase("fingerprint"):
+                table = self._desired(schema_json).select(FP_A, FP_B).toArrow()
+                self.fingerprints = Fingerprints(table.column(FP_A).to_numpy(), table.column(FP_B).to_numpy())
+        with self._phase("diff"):
+            return diff(self.fingerprints, self.sink._index.persisted(snap.files))
 
     def _metadata(self, desc: BatchDescription, staged: Staged) -> dict[str, str]:
         return {
@@ -282,6 +301,7 @@ class _Epoch:
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,
             files_indexed=self.files_indexed,
+            phases=dict(self.phases),
             attempts=attempts,
             seconds=time.monotonic() - self.started,
         )

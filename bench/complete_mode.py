@@ -1,0 +1,152 @@
+"""Complete mode: mvsink against a full overwrite and a keyed MERGE, per epoch.
+
+A view of N rows ``(id bigint, k int, x double, s string)``; each epoch K% of rows change
+(``x`` moves), either spread at random over the keys or confined to one run of keys in key
+order. For each epoch it reports seconds and bytes written by:
+
+* mvsink (``MVSink`` fed the Spark DataFrame of desired; everything timed, desired included);
+* overwrite: ``deltalake.write_deltalake(mode="overwrite")`` of desired as Arrow (what
+  Delta's complete-mode sink does; the Spark-to-Arrow conversion is not timed);
+* merge: a keyed ``deltalake`` MERGE of the full desired (update changed, insert new, delete
+  missing; conversion not timed).
+
+    python bench/complete_mode.py --rows 1000000 --percent 1 --pattern random --epochs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mvsink import MVSink
+from mvsink.session import local_session
+
+
+def selected(pattern: str, epoch: int, rows: int, percent: float) -> Column:
+    """Rows that change at ``epoch`` (epoch 0 is the initial load: none)."""
+    ident = F.col("id")
+    if pattern == "random":
+        return (F.abs(F.xxhash64(ident, F.lit(epoch))) % 10_000) < int(percent * 100)
+    width = int(rows * percent / 100)
+    start = (epoch * 7919 * width) % max(1, rows - width)
+    return (ident >= start) & (ident < start + width)
+
+
+def desired(spark: SparkSession, rows: int, percent: float, pattern: str, epoch: int) -> DataFrame:
+    bumps = [F.when(selected(pattern, e, rows, percent), 1).otherwise(0) for e in range(1, epoch + 1)]
+    bump = sum(bumps, F.lit(0)) if bumps else F.lit(0)
+    return spark.range(rows).select(
+        F.col("id"),
+        (F.col("id") % 7).cast("int").alias("k"),
+        (F.col("id") / 2 + bump).alias("x"),
+        F.concat(F.lit("s-"), F.col("id").cast("string")).alias("s"),
+    )
+
+
+def added_bytes(path: str, version: int) -> int:
+    with open(os.path.join(path, "_delta_log", f"{version:020d}.json")) as fh:
+        return sum(json.loads(line)["add"]["size"] for line in fh if '"add"' in line)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spark = local_session("mvsink-bench", conf={"spark.driver.memory": "6g"})
+    root = tempfile.mkdtemp(prefix="mvsink-bench-")
+    results: dict[str, list[dict[str, float]]] = {"mvsink": [], "overwrite": [], "merge": []}
+    sink = MVSink(
+        os.path.join(root, "mvsink"),
+        "bench",
+        max_rows_per_file=args.file_rows,
+        cluster_by=("id",) if args.cluster else (),
+    )
+    over, merge = os.path.join(root, "overwrite"), os.path.join(root, "merge")
+    try:
+        for epoch in range(args.epochs + 1):
+            df = desired(spark, args.rows, args.percent, args.pattern, epoch)
+            t = time.perf_counter()
+            report = sink(df, epoch)
+            results["mvsink"].append(
+                {
+                    "s": time.perf_counter() - t,
+                    "bytes": report.bytes_written,
+                    "ins": report.inserted,
+                    "ret": report.retracted,
+                    "files_removed": report.files_removed,
+                }
+            )
+            arrow = df.toArrow()
+            t = time.perf_counter()
+            write_deltalake(over, arrow, mode="overwrite")
+            secs = time.perf_counter() - t
+            results["overwrite"].append({"s": secs, "bytes": added_bytes(over, DeltaTable(over).version())})
+            if epoch <= args.merge_epochs:
+                t = time.perf_counter()
+                if epoch == 0:
+                    write_deltalake(merge, arrow)
+                else:
+                    (
+                        DeltaTable(merge)
+                        .merge(arrow, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                        .when_matched_update_all(predicate="t.x != s.x OR t.k != s.k OR t.s != s.s")
+                        .when_not_matched_insert_all()
+                        .when_not_matched_by_source_delete()
+                        .execute()
+                    )
+                secs = time.perf_counter() - t
+                results["merge"].append({"s": secs, "bytes": added_bytes(merge, DeltaTable(merge).version())})
+            line = f"epoch {epoch}: " + "  ".join(
+                f"{k} {v[-1]['s']:.2f}s {v[-1]['bytes'] / 1e6:.1f}MB"
+                for k, v in results.items()
+                if len(v) > epoch
+            )
+            print(
+                line
+                + f"  (mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten)",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    summary = {
+        name: {
+            "median_s": statistics.median(r["s"] for r in rows[1:]),
+            "median_MB": statistics.median(r["bytes"] for r in rows[1:]) / 1e6,
+        }
+        for name, rows in results.items()
+        if len(rows) > 1
+    }
+    return {"args": vars(args), "summary": summary, "epochs": results}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--percent", type=float, default=1.0)
+    p.add_argument("--pattern", choices=["random", "keyed"], default="random")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--merge-epochs", type=int, default=2, help="MERGE is slow: epochs to run it for")
+    p.add_argument("--file-rows", type=int, default=250_000)
+    p.add_argument("--cluster", action="store_true", help="mvsink cluster_by=('id',)")
+    p.add_argument("--out", default="bench/out")
+    args = p.parse_args()
+    result = run(args)
+    print("steady state (epochs 1..N, median):")
+    for name, s in result["summary"].items():
+        print(f"  {name:9s} {s['median_s']:.2f}s  {s['median_MB']:.1f}MB written")
+    os.makedirs(args.out, exist_ok=True)
+    name = f"complete-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{'-cluster' if args.cluster else ''}.json"
+    with open(os.path.join(args.out, name), "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
