@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mvsink.errors import ConfigError, Where
 
@@ -50,8 +50,20 @@ class SinkOptions(_Frozen):
     """The Delta table that holds the view: a local path or a ``file://`` URI."""
     name: str
     """The view's name; the frontier is the Delta app transaction ``mvsink:<name>``."""
-    mode: Literal["complete"] = "complete"
-    """Shape of each micro-batch: ``complete`` means it is the whole desired collection."""
+    mode: Literal["complete", "upsert", "append"] = "complete"
+    """Shape of each micro-batch: ``complete``, the whole desired collection (Spark
+    ``outputMode("complete")``); ``upsert``, the new rows of the keys that changed
+    (``outputMode("update")`` or a change stream); ``append``, rows to add (insert-only)."""
+    key: tuple[str, ...] = ()
+    """Upsert mode: the columns that identify a row (at least one; never null)."""
+    delete_column: str | None = None
+    """Upsert mode: a boolean column; true deletes the key. Not stored in the target."""
+    sequence_column: str | None = None
+    """Upsert mode: within a batch the highest value wins per key, and a row older than the one
+    stored for its key is ignored. Without it, a key twice in one batch is an error."""
+    partition_by: tuple[str, ...] | None = None
+    """Partition columns of a new target (Hive-style folders). None: a new target is not
+    partitioned and an existing one keeps its partitioning; given, it must match the target's."""
     as_of: int = Field(0, ge=0)
     """Epochs below this produce nothing; the first epoch at or above it is written whole."""
     read_only: bool = False
@@ -96,6 +108,26 @@ class SinkOptions(_Frozen):
             raise ValueError(f"names a column twice: {list(v)}")
         return v
 
+    @model_validator(mode="after")
+    def _check_mode(self) -> SinkOptions:
+        if self.mode == "upsert":
+            if not self.key:
+                raise ValueError("option 'key': upsert mode needs at least one key column")
+            if len(set(self.key)) != len(self.key):
+                raise ValueError(f"option 'key': names a column twice: {list(self.key)}")
+            for option in ("delete_column", "sequence_column"):
+                if getattr(self, option) in self.key:
+                    raise ValueError(f"option {option!r}: {getattr(self, option)!r} is a key column")
+            if self.delete_column is not None and self.delete_column == self.sequence_column:
+                raise ValueError("option 'sequence_column': it is the delete column too")
+        else:
+            for option in ("key", "delete_column", "sequence_column"):
+                if getattr(self, option):
+                    raise ValueError(f"option {option!r}: only upsert mode takes it (mode is {self.mode!r})")
+        if self.partition_by is not None and len(set(self.partition_by)) != len(self.partition_by):
+            raise ValueError(f"option 'partition_by': names a column twice: {list(self.partition_by)}")
+        return self
+
     @property
     def app_id(self) -> str:
         """The Delta app id under which this view's frontier is recorded."""
@@ -133,8 +165,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 def _config_error(exc: ValidationError, given: dict[str, Any]) -> ConfigError:
     lines = []
     for err in exc.errors():
-        option = ".".join(str(p) for p in err["loc"]) or "options"
-        lines.append(f"option {option!r}: {err['msg']}")
+        option = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"option {option!r}: {message}" if option else message)
     where = Where(
         view=given.get("name") if isinstance(given.get("name"), str) else None,
         target=given.get("target") if isinstance(given.get("target"), str) else None,

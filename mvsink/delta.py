@@ -7,6 +7,7 @@ compare-and-append. Every delta-rs error is mapped to an mvsink error here.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -51,6 +52,10 @@ class DataFile:
     size: int
     num_records: int | None
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    """Partition values as the log stores them (strings; None for null)."""
+    min_values: Mapping[str, Any] = field(default_factory=dict)
+    max_values: Mapping[str, Any] = field(default_factory=dict)
+    """Top-level column bounds from the file's statistics (absent: unknown)."""
 
     def local_path(self, root: str) -> str:
         """Where the file lies on disk."""
@@ -103,7 +108,9 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
             path=row["path"],
             size=int(row["size_bytes"]),
             num_records=row.get("num_records"),
-            partition_values=_partition_strings(row.get("partition_values")),
+            partition_values=_partition_strings(row.get("partition")),
+            min_values=_bounds(row.get("min")),
+            max_values=_bounds(row.get("max")),
         )
         for row in actions.to_pylist()
     )
@@ -119,10 +126,25 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
 
 
 def _partition_strings(values: Any) -> dict[str, str | None]:
+    """delta-rs hands partition values back typed; the log (and a remove) wants strings."""
     if not values:
         return {}
-    items = values.items() if isinstance(values, Mapping) else values
-    return {k: (None if v is None else str(v)) for k, v in items}
+    return {k: partition_string(v) for k, v in values.items()}
+
+
+def partition_string(value: Any) -> str | None:
+    """A partition value as Delta serialises it."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.date | datetime.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _bounds(values: Any) -> dict[str, Any]:
+    return {k: v for k, v in (values or {}).items() if v is not None and not isinstance(v, dict)}
 
 
 def _check_features(dt: DeltaTable, where: Where) -> None:

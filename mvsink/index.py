@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import InvariantViolation, Where
+from mvsink.files import POS, URI, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns
 
 log = logging.getLogger(__name__)
@@ -40,26 +41,25 @@ class FileEntry:
         return len(self.a)
 
 
-def read_rows(spark: SparkSession, schema: StructType, paths: Sequence[str]) -> DataFrame:
-    """The rows of the listed Parquet files, read with the table's schema."""
-    return spark.read.schema(schema).parquet(*paths)
-
-
 def fingerprint_files(
-    spark: SparkSession, schema: StructType, paths: Sequence[str], where: Where
+    spark: SparkSession,
+    schema: StructType,
+    partition_by: Sequence[str],
+    files: Sequence[LocalFile],
+    where: Where,
 ) -> dict[str, FileEntry]:
     """Fingerprint every row of the listed local files in one Spark job, keyed by path."""
-    if not paths:
+    if not files:
         return {}
-    meta = F.col("_metadata")
+    paths = [f.path for f in files]
     a, b = fingerprint_columns(schema)
     # The path string goes to the driver once per file (on row 0), not once per row.
     table = (
-        read_rows(spark, schema, paths)
+        read_files(spark, schema, partition_by, files)
         .select(
-            F.when(meta.getField("row_index") == 0, meta.getField("file_path")).alias("uri"),
-            F.xxhash64(meta.getField("file_path")).alias("h"),
-            meta.getField("row_index").alias("i"),
+            F.when(F.col(POS) == 0, F.col(URI)).alias("uri"),
+            F.xxhash64(URI).alias("h"),
+            F.col(POS).alias("i"),
             a,
             b,
         )
@@ -124,7 +124,8 @@ class PersistedIndex:
             return 0
         log.info("%s: indexing %d file(s) not seen before", where, len(missing))
         local = {f.local_path(snap.root): f for f in missing}
-        entries = fingerprint_files(spark, schema, list(local), where)
+        located = [LocalFile(p, f.partition_values) for p, f in local.items()]
+        entries = fingerprint_files(spark, schema, snap.partition_by, located, where)
         for path, entry in entries.items():
             f = local[path]
             if f.num_records is not None and f.num_records != len(entry):

@@ -144,3 +144,71 @@ def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
 
 def _show(t: Any) -> str:
     return t if isinstance(t, str) else json.dumps(t, separators=(",", ":"))
+
+
+_PARTITION_TYPES = (StringType, ByteType, ShortType, IntegerType, LongType, DateType, BooleanType)
+_SEQUENCE_TYPES = (
+    ByteType,
+    ShortType,
+    IntegerType,
+    LongType,
+    DecimalType,
+    FloatType,
+    DoubleType,
+    DateType,
+    TimestampType,
+    TimestampNTZType,
+    StringType,
+)
+
+
+def _field(schema: StructType, name: str, option: str, where: Where) -> DataType:
+    if name not in schema.names:
+        raise InputError(
+            f"option {option!r} names {name!r}, which desired does not have "
+            f"(columns: {', '.join(schema.names)})",
+            where,
+        )
+    return schema[name].dataType
+
+
+def stored_struct(desired: StructType, delete_column: str | None) -> StructType:
+    """The columns the target stores: desired's, less the delete marker."""
+    return StructType([f for f in desired.fields if f.name != delete_column])
+
+
+def check_roles(
+    desired: StructType,
+    *,
+    key: tuple[str, ...],
+    delete_column: str | None,
+    sequence_column: str | None,
+    partition_by: tuple[str, ...],
+    where: Where,
+) -> None:
+    """Raise ``InputError`` unless the named key, marker and partition columns fit desired."""
+    for name in key:
+        t = _field(desired, name, "key", where)
+        if not isinstance(t, _PRIMITIVES) or isinstance(t, FloatType | DoubleType):
+            raise InputError(f"key column {name!r} is {t.simpleString()}; keys must be exact scalars", where)
+    if delete_column is not None and not isinstance(
+        _field(desired, delete_column, "delete_column", where), BooleanType
+    ):
+        raise InputError(f"delete_column {delete_column!r} must be boolean", where)
+    if sequence_column is not None:
+        t = _field(desired, sequence_column, "sequence_column", where)
+        if not isinstance(t, _SEQUENCE_TYPES):
+            raise InputError(
+                f"sequence_column {sequence_column!r} is {t.simpleString()}, which does not order", where
+            )
+    stored = stored_struct(desired, delete_column)
+    for name in partition_by:
+        t = _field(stored, name, "partition_by", where)
+        if not isinstance(t, _PARTITION_TYPES):
+            raise InputError(
+                f"partition column {name!r} is {t.simpleString()}; partition by string, integer, date "
+                "or boolean columns",
+                where,
+            )
+    if partition_by and len(partition_by) >= len(stored.fields):
+        raise InputError("every column is a partition column; keep at least one data column", where)

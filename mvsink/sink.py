@@ -49,16 +49,26 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 from mvsink.config import SinkOptions
 from mvsink.correction import Correction, Fingerprints, diff
 from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
-from mvsink.errors import ConflictError, InputError, RetriesExhaustedError, Where
+from mvsink.errors import ConfigError, ConflictError, InputError, RetriesExhaustedError, Where
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
 from mvsink.index import PersistedIndex
 from mvsink.mint import BatchDescription, mint
+from mvsink.plan import Plan, plan_append, plan_complete
 from mvsink.report import EpochReport
-from mvsink.schema import check_fits, check_supported, target_schema_json, target_struct
+from mvsink.schema import (
+    check_fits,
+    check_roles,
+    check_supported,
+    stored_struct,
+    target_schema_json,
+    target_struct,
+)
+from mvsink.upsert import UpsertSpec, plan_upsert, prepare
 from mvsink.write import Staged, discard_folder, stage
 
 log = logging.getLogger(__name__)
@@ -125,8 +135,12 @@ class _Epoch:
         self.epoch = epoch
         self.where = Where(self.opts.name, self.opts.target, epoch)
         self.started = time.monotonic()
+        self.spark = desired.sparkSession
+        self.stored = stored_struct(desired.schema, self.opts.delete_column)
         self.desired: DataFrame | None = None
+        self.ranked: DataFrame | None = None
         self.fingerprints: Fingerprints | None = None
+        self.partitions_checked = False
         self.files_indexed = 0
         self.phases: dict[str, float] = {}
 
@@ -141,50 +155,51 @@ class _Epoch:
 
     def run(self) -> EpochReport:
         check_supported(self.raw.schema, self.where)
+        check_roles(
+            self.raw.schema,
+            key=self.opts.key,
+            delete_column=self.opts.delete_column,
+            sequence_column=self.opts.sequence_column,
+            partition_by=self.opts.partition_by or (),
+            where=self.where,
+        )
         try:
             return self._attempts()
         finally:
-            if self.desired is not None:
-                self.desired.unpersist()
+            for cached in (self.desired, self.ranked):
+                if cached is not None:
+                    cached.unpersist()
 
     def _attempts(self) -> EpochReport:
-        policy = self.opts.retry
+        opts, policy = self.opts, self.opts.retry
         for attempt in range(1, policy.max_attempts + 1):
             with self._phase("snapshot"):
-                snap = load_snapshot(
-                    self.opts.target, self.opts.app_id, self.opts.storage_options, self.where
-                )
-            if snap.exists:
-                assert snap.schema_json is not None
-                check_fits(self.raw.schema, snap.schema_json, self.where)
-                schema_json = snap.schema_json
-            else:
-                schema_json = target_schema_json(self.raw.schema)
+                snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
+            schema_json, partition_by = self._layout(snap)
             desc = mint(
-                self.epoch,
-                snap.frontier,
-                as_of=self.opts.as_of,
-                read_only=self.opts.read_only,
-                where=self.where,
+                self.epoch, snap.frontier, as_of=opts.as_of, read_only=opts.read_only, where=self.where
             )
             if desc in ("replay", "before_as_of"):
                 self._drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
-            corr = self._correction(snap, schema_json)
+            self._check_partition_values(partition_by)
+            plan = self._plan(snap, schema_json)
             if not isinstance(desc, BatchDescription):
-                return self._report(desc, snap.frontier, None, None, attempt, corr=corr)
+                return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
             with self._phase("write"):
                 staged = stage(
-                    self.raw.sparkSession,
-                    desired=self._desired(schema_json),
-                    corr=corr,
-                    snap=snap,
-                    index=self.sink._index,
+                    self.spark,
+                    inserts=plan.inserts,
+                    inserted=plan.inserted,
+                    rewrites=plan.rewrites,
+                    root=snap.root,
                     schema=target_struct(schema_json),
-                    view=self.opts.name,
+                    partition_by=partition_by,
+                    view=opts.name,
                     epoch=self.epoch,
-                    max_rows_per_file=self.opts.max_rows_per_file,
-                    cluster_by=self.opts.cluster_by,
+                    max_rows_per_file=opts.max_rows_per_file,
+                    cluster_by=opts.cluster_by,
+                    index_staged=plan.index_staged,
                     where=self.where,
                 )
             try:
@@ -195,11 +210,11 @@ class _Epoch:
                         snap,
                         adds=staged.adds,
                         removes=staged.removes,
-                        app_id=self.opts.app_id,
+                        app_id=opts.app_id,
                         upper=desc.upper,
                         metadata=self._metadata(desc, staged),
                         schema_json=schema_json,
-                        partition_by=(),
+                        partition_by=partition_by,
                         where=self.where,
                     )
             except ConflictError as exc:
@@ -218,14 +233,13 @@ class _Epoch:
             except BaseException:
                 discard_folder(staged.folder)
                 raise
-            # Keep the index equal to the new version's files (the snapshot's, less removes,
-            # plus ours) so the next epoch reads nothing back.
-            self.sink._index.forget(f.path for f in staged.removes)
-            for add, entry in zip(staged.adds, staged.entries, strict=True):
-                self.sink._index.put(add.path.replace(os.sep, "/"), entry)
-            return self._report(
-                "committed", desc.lower, desc.upper, version, attempt, corr=corr, staged=staged
-            )
+            if plan.index_staged:
+                # Keep the index equal to the new version's files (the snapshot's, less removes,
+                # plus ours) so the next epoch reads nothing back.
+                self.sink._index.forget(f.path for f in staged.removes)
+                for add, entry in zip(staged.adds, staged.entries, strict=True):
+                    self.sink._index.put(add.path.replace(os.sep, "/"), entry)
+            return self._report("committed", desc.lower, desc.upper, version, attempt, staged=staged)
         raise RetriesExhaustedError(
             f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
             "(Spark will retry the batch). If another writer commits this often, raise "
@@ -233,13 +247,61 @@ class _Epoch:
             self.where,
         )
 
+    def _layout(self, snap: Snapshot) -> tuple[str, tuple[str, ...]]:
+        """The target's schema JSON and partition columns: the table's, or those it will get."""
+        wanted = self.opts.partition_by
+        if not snap.exists:
+            return target_schema_json(self.stored), tuple(wanted or ())
+        assert snap.schema_json is not None
+        check_fits(self.stored, snap.schema_json, self.where)
+        if wanted is not None and tuple(wanted) != snap.partition_by:
+            raise ConfigError(
+                f"option 'partition_by' is {list(wanted)} but the target is partitioned by "
+                f"{list(snap.partition_by)}; drop the option to keep the target's partitioning",
+                self.where,
+            )
+        return snap.schema_json, snap.partition_by
+
+    def _check_partition_values(self, partition_by: tuple[str, ...]) -> None:
+        """Refuse empty strings in partition columns: Spark and Delta store them as null."""
+        if self.partitions_checked:
+            return
+        self.partitions_checked = True
+        text = [c for c in partition_by if isinstance(self.stored[c].dataType, StringType)]
+        if not text:
+            return
+        empty = F.lit(False)
+        for c in text:
+            empty = empty | (F.col(quote(c)) == "")
+        if self.raw.where(empty).limit(1).count():
+            raise InputError(
+                f"an empty string in partition column(s) {', '.join(text)}: Delta partitions store it "
+                "as null, so the target could not equal desired; map it to null or another value",
+                self.where,
+            )
+
+    def _plan(self, snap: Snapshot, schema_json: str) -> Plan:
+        schema = target_struct(schema_json)
+        mode = self.opts.mode
+        if mode == "append":
+            return plan_append(self.raw, schema)
+        if mode == "upsert":
+            spec = UpsertSpec(self.opts.key, self.opts.delete_column, self.opts.sequence_column)
+            with self._phase("prepare"):
+                if self.ranked is None:
+                    self.ranked = prepare(self.raw, schema, spec, self.where)
+            with self._phase("read back"):
+                return plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
+        corr = self._correction(snap, schema_json)
+        return plan_complete(self.spark, self._desired(schema_json), corr, snap, self.sink._index, schema)
+
     def _drain(self) -> None:
         """Run the micro-batch's plan without output, unless this epoch already ran it.
 
         A stateful streaming query commits its state only when every partition of the batch
         ran; Spark 4 fails a ``foreachBatch`` that skips them. Writing nothing is not enough.
         """
-        if self.fingerprints is None:
+        if self.fingerprints is None and self.ranked is None:
             self.raw.write.format("noop").mode("overwrite").save()
 
     def _desired(self, schema_json: str) -> DataFrame:
@@ -252,9 +314,9 @@ class _Epoch:
         return self.desired
 
     def _correction(self, snap: Snapshot, schema_json: str) -> Correction:
-        spark = self.raw.sparkSession
         with self._phase("index"):
-            self.files_indexed += self.sink._index.sync(spark, snap, target_struct(schema_json), self.where)
+            schema = target_struct(schema_json)
+            self.files_indexed += self.sink._index.sync(self.spark, snap, schema, self.where)
         if self.fingerprints is None:
             # Desired does not change between attempts: fingerprint it once per epoch.
             with self._phase("fingerprint"):
@@ -284,7 +346,7 @@ class _Epoch:
         version: int | None,
         attempts: int,
         *,
-        corr: Correction | None = None,
+        plan: Plan | None = None,
         staged: Staged | None = None,
     ) -> EpochReport:
         return EpochReport(
@@ -295,8 +357,8 @@ class _Epoch:
             lower=lower,
             upper=upper,
             version=version,
-            inserted=corr.inserted if corr else 0,
-            retracted=corr.retracted if corr else 0,
+            inserted=staged.inserted if staged else (plan.inserted or 0) if plan else 0,
+            retracted=staged.retracted if staged else plan.retracted if plan else 0,
             files_added=len(staged.adds) if staged else 0,
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,

@@ -1,10 +1,11 @@
 """The write step: stage one correction as Parquet files that no Delta version references yet.
 
 One Spark job writes, in one go, the inserted rows and the kept rows of every file that holds a
-retracted row (copy-on-write); a second reads the staged files' fingerprints back for the index.
-Files are staged in a fresh folder ``mvsink-<view>-e<epoch>-<id>`` under the table root: never a
-``_`` or ``.`` folder, which vacuum would not look into once the files are removed again.
-Nothing here is visible until ``append`` commits it; ``discard`` deletes a failed attempt's files.
+retracted row (copy-on-write); in complete mode a second job reads the staged files'
+fingerprints back for the index. Files are staged in a fresh folder
+``mvsink-<view>-e<epoch>-<id>`` under the table root (Hive-style partition folders below it):
+never a ``_`` or ``.`` folder, which vacuum would not look into once the files are removed.
+Nothing here is visible until the commit; ``discard_folder`` deletes a failed attempt's files.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -23,19 +25,34 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from mvsink.correction import Correction
-from mvsink.delta import DataFile, NewFile, Snapshot
+from mvsink.correction import I64, Correction
+from mvsink.delta import DataFile, NewFile
 from mvsink.errors import InvariantViolation, Where
+from mvsink.files import POS, URI, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, quote
-from mvsink.index import FileEntry, PersistedIndex, fingerprint_files, read_rows
+from mvsink.index import FileEntry, fingerprint_files
 from mvsink.stats import file_stats
 
 # Spark SQL settings every staged file needs: INT96 timestamps carry no statistics and map to
-# the wrong Delta type; a _SUCCESS marker would be an unreferenced file in the table.
+# the wrong Delta type.
 _WRITE_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "snappy",
 }
+# How Spark names the folder of a null (or empty string) partition value.
+_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A file holding retracted rows: it is replaced by a copy without the rows at ``drop``."""
+
+    file: DataFile
+    local: str
+    uri: str
+    """The file as Spark names it (``_metadata.file_path``)."""
+    rows: int
+    drop: I64
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,7 @@ class Staged:
     folder: str | None
     adds: tuple[NewFile, ...]
     entries: tuple[FileEntry, ...]
+    """Fingerprints of each added file (empty when not asked for)."""
     removes: tuple[DataFile, ...]
     inserted: int
     retracted: int
@@ -52,6 +70,9 @@ class Staged:
     @property
     def bytes_written(self) -> int:
         return sum(f.size for f in self.adds)
+
+
+NOTHING = Staged(None, (), (), (), 0, 0)
 
 
 @contextlib.contextmanager
@@ -69,8 +90,8 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
                 spark.conf.set(k, old)
 
 
-def _keys_frame(spark: SparkSession, **columns: np.ndarray) -> DataFrame:
-    # Arrow keeps this cheap: tuples through createDataFrame cost seconds for 10K rows.
+def keys_frame(spark: SparkSession, **columns: np.ndarray | pa.Array) -> DataFrame:
+    """A small broadcast table from driver arrays (Arrow: tuples would cost seconds)."""
     return F.broadcast(spark.createDataFrame(pa.table({k: pa.array(v) for k, v in columns.items()})))
 
 
@@ -85,17 +106,14 @@ def inserted_rows(
         return desired.select(*cols)
     parts: list[DataFrame] = []
     if len(corr.whole_a):
-        keys = _keys_frame(spark, **{FP_A: corr.whole_a, FP_B: corr.whole_b})
+        keys = keys_frame(spark, **{FP_A: corr.whole_a, FP_B: corr.whole_b})
         parts.append(desired.join(keys, [FP_A, FP_B], "left_semi").select(*cols))
     if len(corr.part_a):
         # Desired holds d identical copies of such a row and persisted p < d: add d - p.
-        keys = _keys_frame(spark, **{FP_A: corr.part_a, FP_B: corr.part_b, "__n": corr.part_n})
+        keys = keys_frame(spark, **{FP_A: corr.part_a, FP_B: corr.part_b, "__n": corr.part_n})
         one = desired.join(keys, [FP_A, FP_B], "inner").dropDuplicates([FP_A, FP_B])
-        parts.append(
-            one.withColumn("__copy", F.explode(F.array_repeat(F.lit(True), F.col("__n").cast("int")))).select(
-                *cols
-            )
-        )
+        copies = F.explode(F.array_repeat(F.lit(True), F.col("__n").cast("int")))
+        parts.append(one.withColumn("__copy", copies).select(*cols))
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -103,86 +121,110 @@ def inserted_rows(
 
 
 def kept_rows(
-    spark: SparkSession,
-    schema: StructType,
-    snap: Snapshot,
-    rewrite: dict[int, np.ndarray],
-    index: PersistedIndex,
+    spark: SparkSession, schema: StructType, partition_by: Sequence[str], rewrites: Sequence[Rewrite]
 ) -> DataFrame | None:
-    """The rows of every file holding a retracted row, without the retracted positions."""
-    if not rewrite:
+    """The rows of every rewritten file, without the retracted positions."""
+    if not rewrites:
         return None
-    files = [snap.files[k] for k in sorted(rewrite)]
-    uris, positions = [], []
-    for k in sorted(rewrite):
-        uri = index.entry(snap.files[k].path).uri
-        uris.append(np.full(len(rewrite[k]), uri, dtype=object))
-        positions.append(rewrite[k])
-    drops = _keys_frame(spark, __f=np.concatenate(uris).astype(str), __i=np.concatenate(positions))
-    meta = F.col("_metadata")
-    rows = read_rows(spark, schema, [f.local_path(snap.root) for f in files]).select(
-        "*", meta.getField("file_path").alias("__f"), meta.getField("row_index").alias("__i")
-    )
-    return rows.join(drops, ["__f", "__i"], "left_anti").select(*[F.col(quote(c)) for c in schema.names])
+    uris = np.concatenate([np.full(len(r.drop), r.uri, dtype=object) for r in rewrites]).astype(str)
+    drops = keys_frame(spark, **{URI: uris, POS: np.concatenate([r.drop for r in rewrites])})
+    files = [LocalFile(r.local, r.file.partition_values) for r in rewrites]
+    rows = read_files(spark, schema, partition_by, files)
+    return rows.join(drops, [URI, POS], "left_anti").select(*[F.col(quote(c)) for c in schema.names])
 
 
 def stage(
     spark: SparkSession,
     *,
-    desired: DataFrame,
-    corr: Correction,
-    snap: Snapshot,
-    index: PersistedIndex,
+    inserts: DataFrame | None,
+    inserted: int | None,
+    rewrites: Sequence[Rewrite],
+    root: str,
     schema: StructType,
+    partition_by: Sequence[str],
     view: str,
     epoch: int,
     max_rows_per_file: int,
     cluster_by: Sequence[str],
+    index_staged: bool,
     where: Where,
 ) -> Staged:
-    """Write the correction's files; nothing becomes visible (see the module doc)."""
-    rewrite = corr.retracted_positions()
-    removes = tuple(snap.files[k] for k in sorted(rewrite))
-    if corr.is_empty:
-        return Staged(None, (), (), (), 0, 0)
-    inserts = inserted_rows(spark, desired, corr, schema.names)
+    """Write inserts and rewrites as new files; nothing becomes visible (see the module doc).
+
+    ``inserted`` is the number of rows ``inserts`` holds, checked against what was written;
+    None when it is not known in advance (append mode), and then not checked.
+    """
+    retracted = sum(len(r.drop) for r in rewrites)
+    if inserts is None and not rewrites:
+        return NOTHING
     if inserts is not None:
-        n_files = max(1, math.ceil(corr.inserted / max_rows_per_file))
         if cluster_by:
+            n_files = max(1, math.ceil((inserted or 1) / max_rows_per_file))
             keys = [F.col(quote(c)) for c in cluster_by]
             inserts = inserts.repartitionByRange(n_files, *keys).sortWithinPartitions(*keys)
-        else:
-            inserts = inserts.coalesce(n_files)
-    kept = kept_rows(spark, schema, snap, rewrite, index)
+        elif inserted is not None:
+            inserts = inserts.coalesce(max(1, math.ceil(inserted / max_rows_per_file)))
+    kept = kept_rows(spark, schema, partition_by, rewrites)
     frames = [f for f in (kept, inserts) if f is not None]
     out = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
-    folder = os.path.join(snap.root, f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}")
+    folder = os.path.join(root, f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}")
     try:
         with _session_conf(spark, _WRITE_CONF):
-            (
+            writer = (
                 out.write.mode("errorifexists")
                 .option("maxRecordsPerFile", max_rows_per_file)
                 .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-                .parquet(folder)
             )
+            if partition_by:
+                writer = writer.partitionBy(*partition_by)
+            writer.parquet(folder)
         local = _data_files(folder)
-        entries = fingerprint_files(spark, schema, local, where)
-        adds, kept_entries = [], []
+        adds: list[NewFile] = []
+        paths: list[str] = []
         for path in local:
             n, stats = file_stats(path)
             if n == 0:
                 os.remove(path)
                 continue
-            rel = os.path.relpath(path, snap.root)
-            adds.append(NewFile(rel, os.path.getsize(path), n, stats))
-            kept_entries.append(entries[path])
+            rel = os.path.relpath(path, root)
+            adds.append(NewFile(rel, os.path.getsize(path), n, stats, _partition_values(rel, partition_by)))
+            paths.append(path)
+        entries: tuple[FileEntry, ...] = ()
+        if index_staged:
+            located = [LocalFile(p, a.partition_values) for p, a in zip(paths, adds, strict=True)]
+            found = fingerprint_files(spark, schema, partition_by, located, where)
+            entries = tuple(found[p] for p in paths)
+        kept_count = sum(r.rows for r in rewrites) - retracted
+        written = sum(f.num_records for f in adds)
+        expected = None if inserted is None else kept_count + inserted
+        if (expected is not None and written != expected) or written < kept_count:
+            raise InvariantViolation(
+                f"staged {written} rows where the correction needs {expected} "
+                f"({kept_count} kept from rewritten files + {inserted} inserted)",
+                where,
+            )
+        if any(len(e) != f.num_records for e, f in zip(entries, adds, strict=False)):
+            raise InvariantViolation("staged files read back with other row counts", where)
     except BaseException:
         discard_folder(folder)
         raise
-    staged = Staged(folder, tuple(adds), tuple(kept_entries), removes, corr.inserted, corr.retracted)
-    _check_counts(staged, index, where)
-    return staged
+    removes = tuple(r.file for r in rewrites)
+    return Staged(folder, tuple(adds), entries, removes, written - kept_count, retracted)
+
+
+def _partition_values(rel: str, partition_by: Sequence[str]) -> Mapping[str, str | None]:
+    """Partition values from the Hive-style folders Spark wrote (``col=escaped``)."""
+    if not partition_by:
+        return {}
+    found: dict[str, str | None] = {}
+    for part in rel.split(os.sep)[:-1]:
+        name, eq, raw = part.partition("=")
+        if eq and name in partition_by:
+            found[name] = None if raw == _NULL_PARTITION else unquote(raw)
+    if set(found) != set(partition_by):
+        raise InvariantViolation(f"staged file {rel} is not under one folder per partition column")
+    return found
 
 
 def _data_files(folder: str) -> list[str]:
@@ -196,22 +238,6 @@ def _data_files(folder: str) -> list[str]:
             else:
                 os.remove(path)
     return sorted(out)
-
-
-def _check_counts(staged: Staged, index: PersistedIndex, where: Where) -> None:
-    """Rows staged = rows of rewritten files - retracted + inserted, or nothing is committed."""
-    rewritten = sum(len(index.entry(f.path)) for f in staged.removes)
-    expected = rewritten - staged.retracted + staged.inserted
-    written = sum(f.num_records for f in staged.adds)
-    if written != expected or any(
-        len(e) != f.num_records for e, f in zip(staged.entries, staged.adds, strict=True)
-    ):
-        discard_folder(staged.folder)
-        raise InvariantViolation(
-            f"staged {written} rows where the correction needs {expected} "
-            f"({rewritten} kept from rewritten files - {staged.retracted} + {staged.inserted})",
-            where,
-        )
 
 
 def discard_folder(folder: str | None) -> None:

@@ -1,0 +1,59 @@
+"""What an epoch writes, per mode: rows to insert and files to rewrite without some rows.
+
+A ``Plan`` is the correction turned into things Spark can write: an inserts DataFrame and a
+list of ``Rewrite``s. ``complete`` derives it from the fingerprint diff (``correction.py``)
+against the index; ``append`` inserts the batch as is; ``upsert`` lives in ``upsert.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from mvsink.correction import Correction
+from mvsink.delta import Snapshot
+from mvsink.fingerprint import quote
+from mvsink.index import PersistedIndex
+from mvsink.write import Rewrite, inserted_rows
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Rows to insert (``inserted`` of them; None: not known before writing) and rewrites."""
+
+    inserts: DataFrame | None
+    inserted: int | None
+    rewrites: tuple[Rewrite, ...]
+    index_staged: bool
+    """Whether the staged files' fingerprints are read back for the index (complete mode)."""
+
+    @property
+    def retracted(self) -> int:
+        return sum(len(r.drop) for r in self.rewrites)
+
+
+def plan_complete(
+    spark: SparkSession,
+    desired: DataFrame,
+    corr: Correction,
+    snap: Snapshot,
+    index: PersistedIndex,
+    schema: StructType,
+) -> Plan:
+    """Insert what desired has more of, rewrite every file holding a row it has less of."""
+    rewrites = []
+    for k, drop in sorted(corr.retracted_positions().items()):
+        f = snap.files[k]
+        entry = index.entry(f.path)
+        assert entry.uri is not None  # a file holding a row to retract has been read by Spark
+        rewrites.append(Rewrite(f, f.local_path(snap.root), entry.uri, len(entry), drop))
+    inserts = inserted_rows(spark, desired, corr, schema.names)
+    return Plan(inserts, corr.inserted, tuple(rewrites), index_staged=True)
+
+
+def plan_append(batch: DataFrame, schema: StructType) -> Plan:
+    """Every row of the batch is added; nothing is read back or rewritten."""
+    return Plan(batch.select(*[F.col(quote(c)) for c in schema.names]), None, (), index_staged=False)
