@@ -117,11 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for k, v in results.items()
                 if len(v) > epoch
             )
-            print(
-                line
-                + f"  (mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten)",
-                flush=True,
-            )
+            detail = f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten"
+            print(f"{line}  ({detail})", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     summary = {

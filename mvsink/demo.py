@@ -27,3 +27,25 @@ def revenue_query(spark: SparkSession) -> DataFrame:
         .groupBy("product")
         .agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("orders"))
     )
+
+
+def latest_order_query(spark: SparkSession) -> DataFrame:
+    """For ``outputMode("update")`` and upsert mode: per product, its latest order and total.
+
+    Each micro-batch holds only the products that had new orders: their new rows.
+    """
+    return (
+        orders(spark)
+        .groupBy("product")
+        .agg(
+            F.max("order_id").alias("last_order"),
+            F.sum("amount").alias("revenue"),
+        )
+    )
+
+
+def orders_query(spark: SparkSession) -> DataFrame:
+    """For append mode: the order stream itself, one row per order, never changed."""
+    return orders(spark).withColumn(
+        "region", F.concat(F.lit("region "), (F.col("order_id") % 3).cast("string"))
+    )

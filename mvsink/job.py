@@ -35,8 +35,9 @@ class JobOptions(BaseModel):
     """Stop after this many epochs (None: run until stopped)."""
     show: bool = True
     """Print the view and the sink's figures after each epoch."""
-    tamper_after_epoch: int | None = 2
-    """Demo only: after this epoch, corrupt the table to show the next epoch repairing it."""
+    tamper_after_epoch: int | None = None
+    """Demo only: after this many epochs less one, corrupt the table (a rogue row in, a real
+    row out) to show the next epoch repairing it."""
 
     @field_validator("query")
     @classmethod
@@ -74,7 +75,7 @@ class JobConfig(BaseModel):
 
 
 DEFAULT: dict[str, Any] = {
-    "job": {},
+    "job": {"tamper_after_epoch": 2},
     "sink": {"target": "data/views/revenue", "name": "revenue"},
     "spark": {"spark.master": "local[2]"},
 }

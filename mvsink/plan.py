@@ -29,6 +29,8 @@ class Plan:
     rewrites: tuple[Rewrite, ...]
     index_staged: bool
     """Whether the staged files' fingerprints are read back for the index (complete mode)."""
+    files_read: int = 0
+    """Data files of the snapshot read back to make this plan (upsert mode)."""
 
     @property
     def retracted(self) -> int:

@@ -24,7 +24,9 @@ class EpochReport:
     files_added: int = 0
     files_removed: int = 0
     bytes_written: int = 0
-    files_indexed: int = 0
+    files_read: int = 0
+    """Data files read back: complete mode, files indexed for the first time; upsert mode,
+    files whose partition or key statistics could hold a touched key."""
     attempts: int = 0
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)

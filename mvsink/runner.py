@@ -16,15 +16,17 @@ from mvsink.session import local_session
 from mvsink.sink import MVSink
 
 
-def show_table(table: pa.Table, title: str) -> str:
-    """A small text rendering of a view, rows sorted."""
+def show_table(table: pa.Table, title: str, limit: int = 12) -> str:
+    """A small text rendering of a view, rows sorted, at most ``limit`` of them."""
     cols = table.column_names
     rows = sorted((tuple(r[c] for c in cols) for r in table.to_pylist()), key=repr)
-    cells = [[_fmt(v) for v in row] for row in rows]
+    more = len(rows) - limit
+    cells = [[_fmt(v) for v in row] for row in rows[:limit]]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join([title, "  " + line, *("  " + b for b in body)])
+    tail = [f"  ... and {more} more rows"] if more > 0 else []
+    return "\n".join([title, "  " + line, *("  " + b for b in body), *tail])
 
 
 def _fmt(v: Any) -> str:

@@ -141,7 +141,7 @@ class _Epoch:
         self.ranked: DataFrame | None = None
         self.fingerprints: Fingerprints | None = None
         self.partitions_checked = False
-        self.files_indexed = 0
+        self.files_read = 0
         self.phases: dict[str, float] = {}
 
     @contextlib.contextmanager
@@ -291,7 +291,9 @@ class _Epoch:
                 if self.ranked is None:
                     self.ranked = prepare(self.raw, schema, spec, self.where)
             with self._phase("read back"):
-                return plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
+                plan = plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
+            self.files_read += plan.files_read
+            return plan
         corr = self._correction(snap, schema_json)
         return plan_complete(self.spark, self._desired(schema_json), corr, snap, self.sink._index, schema)
 
@@ -316,7 +318,7 @@ class _Epoch:
     def _correction(self, snap: Snapshot, schema_json: str) -> Correction:
         with self._phase("index"):
             schema = target_struct(schema_json)
-            self.files_indexed += self.sink._index.sync(self.spark, snap, schema, self.where)
+            self.files_read += self.sink._index.sync(self.spark, snap, schema, self.where)
         if self.fingerprints is None:
             # Desired does not change between attempts: fingerprint it once per epoch.
             with self._phase("fingerprint"):
@@ -362,7 +364,7 @@ class _Epoch:
             files_added=len(staged.adds) if staged else 0,
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,
-            files_indexed=self.files_indexed,
+            files_read=self.files_read,
             phases=dict(self.phases),
             attempts=attempts,
             seconds=time.monotonic() - self.started,

@@ -179,7 +179,7 @@ def plan_upsert(
         a = np.array([p[0] for p in insert_fp], dtype=np.int64)
         b = np.array([p[1] for p in insert_fp], dtype=np.int64)
         inserts = live.join(keys_frame(spark, **{FP_A: a, FP_B: b}), [FP_A, FP_B], "left_semi").select(*cols)
-    return Plan(inserts, len(insert_fp), tuple(rewrites), False)
+    return Plan(inserts, len(insert_fp), tuple(rewrites), False, files_read=len(files))
 
 
 def _stored_rows(

@@ -57,15 +57,28 @@ def assert_equal_to(target: str, desired: DataFrame, version: int | None = None)
 
 
 def spark_read_listed(spark: SparkSession, target: str) -> DataFrame:
-    """The target as Spark reads the files the Delta log lists (no Delta jars)."""
-    dt = DeltaTable(target)
-    paths = [
-        os.path.join(target, unquote(p)) for p in pa.table(dt.get_add_actions()).column("path").to_pylist()
-    ]
-    schema = json.loads(dt.schema().to_json())
+    """The target as Spark reads the files the Delta log lists (no Delta jars).
+
+    Each file is read on its own and given its partition values from the log as literals,
+    independently of how mvsink reads them.
+    """
+    from functools import reduce
+
+    from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    return spark.read.schema(StructType.fromJson(schema)).parquet(*paths)
+    dt = DeltaTable(target)
+    schema = StructType.fromJson(json.loads(dt.schema().to_json()))
+    parts = dt.metadata().partition_columns
+    data_schema = StructType([f for f in schema.fields if f.name not in parts])
+    frames = []
+    for action in pa.table(dt.get_add_actions(flatten=False)).to_pylist():
+        df = spark.read.schema(data_schema).parquet(os.path.join(target, unquote(action["path"])))
+        for col in parts:
+            value = (action.get("partition") or {}).get(col)
+            df = df.withColumn(col, F.lit(value).cast(schema[col].dataType))
+        frames.append(df.select(*schema.names))
+    return reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def log_entry(target: str, version: int) -> list[dict[str, Any]]:

@@ -105,3 +105,30 @@ def test_the_shipped_job_files_are_valid():
     for name in os.listdir("conf"):
         JobConfig.load(os.path.join("conf", name))
     assert JobConfig.load(None) == JobConfig.model_validate(DEFAULT)
+
+
+def test_each_shipped_mode_example_runs(spark, tmp_path, capsys):
+    import threading
+
+    from mvsink.job import JobConfig
+    from mvsink.runner import run_job
+
+    for name in ("upsert.toml", "append.toml"):
+        config = JobConfig.load(os.path.join("conf", name))
+        target = str(tmp_path / name / "view")
+        config = config.model_copy(
+            update={
+                "job": config.job.model_copy(
+                    update={"epochs": 3, "trigger_seconds": 0.5, "checkpoint": str(tmp_path / name / "ckpt")}
+                ),
+                "sink": config.sink.model_copy(update={"target": target}),
+            }
+        )
+        reports = run_job(config, stop=threading.Event())
+        assert [r.outcome for r in reports] == ["committed"] * 3
+        assert frontier(target, config.sink.name) == reports[-1].epoch + 1
+        table = target_table(target)
+        assert table.num_rows > 0
+        if config.sink.mode == "upsert":
+            keys = table.column("product").to_pylist()
+            assert len(keys) == len(set(keys))  # one row per key

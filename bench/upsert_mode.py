@@ -1,0 +1,152 @@
+"""Upsert mode: mvsink against a keyed delta-rs MERGE of the same change set.
+
+A view of N rows ``(id bigint, k int, x double, s string)`` keyed on ``id``, written once;
+then each epoch changes C keys, either clustered (one run of consecutive ids) or scattered
+(ids drawn at random). For each epoch it reports seconds, bytes written and files rewritten
+for mvsink (``MVSink(mode="upsert", key=["id"])`` fed the change set as a Spark DataFrame) and
+for ``DeltaTable.merge`` of the same change set from Arrow (conversion not timed).
+
+    python bench/upsert_mode.py --rows 10000000 --changes 10000 --pattern scattered
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+
+from mvsink import MVSink
+from mvsink.session import local_session
+
+
+def log_figures(path: str, version: int) -> tuple[int, int]:
+    """Bytes added and files removed by one commit."""
+    added = removed = 0
+    with open(os.path.join(path, "_delta_log", f"{version:020d}.json")) as fh:
+        for line in fh:
+            action = json.loads(line)
+            if "add" in action:
+                added += action["add"]["size"]
+            if "remove" in action:
+                removed += 1
+    return added, removed
+
+
+def changes(rows: int, count: int, pattern: str, epoch: int, rng: np.random.Generator) -> pa.Table:
+    if pattern == "clustered":
+        start = (epoch * 7919 * count) % (rows - count)
+        ids = np.arange(start, start + count, dtype=np.int64)
+    else:
+        ids = np.sort(rng.choice(rows, size=count, replace=False)).astype(np.int64)
+    return pa.table(
+        {
+            "id": ids,
+            "k": (ids % 7).astype(np.int32),
+            "x": ids / 2 + epoch,
+            "s": pa.array([f"s-{i}-e{epoch}" for i in ids]),
+        }
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spark = local_session("mvsink-bench-upsert", conf={"spark.driver.memory": "8g"})
+    root = tempfile.mkdtemp(prefix="mvsink-bench-upsert-")
+    ours, merged = os.path.join(root, "mvsink"), os.path.join(root, "merge")
+    sink = MVSink(
+        ours, "bench", mode="upsert", key=["id"], max_rows_per_file=args.file_rows, cluster_by=["id"]
+    )
+    rng = np.random.default_rng(7)
+    results: dict[str, list[dict[str, float]]] = {"mvsink": [], "merge": []}
+    try:
+        base = spark.range(args.rows).select(
+            F.col("id"),
+            (F.col("id") % 7).cast("int").alias("k"),
+            (F.col("id") / 2).alias("x"),
+            F.concat(F.lit("s-"), F.col("id").cast("string")).alias("s"),
+        )
+        t = time.perf_counter()
+        sink(base, 0)
+        print(f"initial load: mvsink {time.perf_counter() - t:.1f}s", flush=True)
+        t = time.perf_counter()
+        write_deltalake(
+            merged, base.toArrow(), max_rows_per_file=args.file_rows, max_rows_per_group=args.file_rows
+        )
+        print(f"initial load: merge table {time.perf_counter() - t:.1f}s (from Spark via Arrow)", flush=True)
+        for epoch in range(1, args.epochs + 1):
+            change = changes(args.rows, args.changes, args.pattern, epoch, rng)
+            df = spark.createDataFrame(change)
+            t = time.perf_counter()
+            report = sink(df, epoch)
+            results["mvsink"].append(
+                {
+                    "s": time.perf_counter() - t,
+                    "bytes": report.bytes_written,
+                    "files_rewritten": report.files_removed,
+                    "files_read": report.files_read,
+                }
+            )
+            t = time.perf_counter()
+            (
+                DeltaTable(merged)
+                .merge(change, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute()
+            )
+            secs = time.perf_counter() - t
+            size, gone = log_figures(merged, DeltaTable(merged).version())
+            results["merge"].append({"s": secs, "bytes": size, "files_rewritten": gone})
+            m, g = results["mvsink"][-1], results["merge"][-1]
+            print(
+                f"epoch {epoch}: mvsink {m['s']:.2f}s {m['bytes'] / 1e6:.1f}MB "
+                f"{m['files_rewritten']} rewritten ({m['files_read']} read)  |  "
+                f"merge {g['s']:.2f}s {g['bytes'] / 1e6:.1f}MB {g['files_rewritten']} rewritten",
+                flush=True,
+            )
+        assert DeltaTable(ours).to_pyarrow_dataset().count_rows() == args.rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    summary = {
+        name: {
+            "median_s": statistics.median(r["s"] for r in rows),
+            "median_MB": statistics.median(r["bytes"] for r in rows) / 1e6,
+            "median_files_rewritten": statistics.median(r["files_rewritten"] for r in rows),
+        }
+        for name, rows in results.items()
+    }
+    return {"args": vars(args), "summary": summary, "epochs": results}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=10_000_000)
+    p.add_argument("--changes", type=int, default=10_000)
+    p.add_argument("--pattern", choices=["clustered", "scattered"], default="scattered")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--file-rows", type=int, default=250_000)
+    p.add_argument("--out", default="bench/out")
+    args = p.parse_args()
+    result = run(args)
+    print("median per epoch:")
+    for name, s in result["summary"].items():
+        print(
+            f"  {name:7s} {s['median_s']:.2f}s  {s['median_MB']:.1f}MB written  "
+            f"{s['median_files_rewritten']:.0f} files rewritten"
+        )
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"upsert-{args.pattern}-{args.rows}-{args.changes}.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

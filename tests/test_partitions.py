@@ -1,0 +1,126 @@
+"""Partitioned targets: escaping, nulls, every mode, and rewrites confined to touched partitions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from mvsink import ConfigError, InputError, MVSink
+from tests.helpers import (
+    added,
+    assert_equal_to,
+    live_files,
+    multiset,
+    removed,
+    spark_read_listed,
+    target_table,
+    versions,
+)
+
+AWKWARD = ["plain", "with space", "é ü 東京", "a/b", "k=v", "50%", "x:y", "q?#[]{}*", None]
+
+
+def test_awkward_partition_values_roundtrip_through_both_readers(spark, target):
+    rows = [(i, AWKWARD[i % len(AWKWARD)], float(i)) for i in range(36)]
+    desired = spark.createDataFrame(rows, "id long, region string, x double")
+    sink = MVSink(target, "regions", partition_by=["region"])
+    sink(desired, 0)
+    assert DeltaTable(target).metadata().partition_columns == ["region"]
+    assert_equal_to(target, desired)
+    assert multiset(spark_read_listed(spark, target).toArrow()) == multiset(desired.toArrow())
+    # Read back with its partition values joined in, every row fingerprints as desired does.
+    same = sink(desired, 1)
+    assert (same.inserted, same.retracted, same.files_added) == (0, 0, 0)
+
+
+def test_a_correction_rewrites_files_only_in_the_partitions_it_touches(spark, target):
+    rows = [(i, AWKWARD[i % len(AWKWARD)], float(i)) for i in range(36)]
+    sink = MVSink(target, "touch", partition_by=["region"])
+    sink(spark.createDataFrame(rows, "id long, region string, x double"), 0)
+    changed = [(i, r, x + (1 if r == "é ü 東京" else 0)) for i, r, x in rows]
+    desired = spark.createDataFrame(changed, "id long, region string, x double")
+    report = sink(desired, 1)
+    assert_equal_to(target, desired)
+    actions = pa.table(DeltaTable(target, version=0).get_add_actions(flatten=False)).to_pylist()
+    partition_of = {unquote(a["path"]): a["partition"]["region"] for a in actions}
+    gone = removed(target, report.version)
+    assert gone and {partition_of[p] for p in gone} == {"é ü 東京"}
+    # Every added file sits under that partition's folder, and is listed with its value.
+    new = pa.table(DeltaTable(target).get_add_actions(flatten=False)).to_pylist()
+    fresh = [a for a in new if unquote(a["path"]) in set(added(target, report.version))]
+    assert fresh and {a["partition"]["region"] for a in fresh} == {"é ü 東京"}
+
+
+@pytest.mark.parametrize(
+    "schema, rows",
+    [
+        (
+            "n int, d date, flag boolean, v string",
+            [(i % 3, dt.date(2024, 1, 1 + i % 2), i % 2 == 0, f"v{i}") for i in range(12)],
+        ),
+        (
+            "n int, d date, flag boolean, v string",
+            [(None, None, None, "nulls"), (1, dt.date(1999, 12, 31), True, "x")],
+        ),
+    ],
+)
+def test_typed_partition_columns(spark, target, schema, rows):
+    desired = spark.createDataFrame(rows, schema)
+    sink = MVSink(target, "typed", partition_by=["n", "d", "flag"])
+    sink(desired, 0)
+    assert_equal_to(target, desired)
+    assert sink(desired, 1).files_added == 0
+
+
+def test_upsert_and_append_into_partitioned_targets(spark, target, tmp_path):
+    schema = "region string, id long, v string"
+    up = MVSink(target, "up", mode="upsert", key=["region", "id"], partition_by=["region"])
+    up(spark.createDataFrame([("eu west", 1, "a"), ("us", 1, "b"), ("50%", 2, "c")], schema), 0)
+    files_before = live_files(target)
+    report = up(spark.createDataFrame([("eu west", 1, "A"), ("東京", 3, "d")], schema), 1)
+    assert multiset(target_table(target)) == Counter(
+        [("eu west", 1, "A"), ("us", 1, "b"), ("50%", 2, "c"), ("東京", 3, "d")]
+    )
+    assert report.files_read == 1  # only the "eu west" partition can hold a touched key
+    assert len(set(removed(target, report.version)) & files_before) == 1
+    log = str(tmp_path / "log")
+    app = MVSink(log, "app", mode="append", partition_by=["region"])
+    app(spark.createDataFrame([("a b", 1, "x"), (None, 2, "y")], schema), 0)
+    app(spark.createDataFrame([("a b", 1, "x")], schema), 1)
+    assert multiset(target_table(log)) == Counter([("a b", 1, "x"), ("a b", 1, "x"), (None, 2, "y")])
+
+
+def test_partition_by_that_differs_from_the_target_is_refused(spark, target):
+    desired = spark.createDataFrame([("a", 1)], "region string, id long")
+    MVSink(target, "p", partition_by=["region"])(desired, 0)
+    with pytest.raises(ConfigError, match="partitioned by \\['region'\\]"):
+        MVSink(target, "p", partition_by=["id"])(desired, 1)
+    with pytest.raises(ConfigError):
+        MVSink(target, "p", partition_by=[])(desired, 1)
+    assert versions(target) == [0]
+    MVSink(target, "p")(desired, 1)  # no option: the target's partitioning is kept
+    assert versions(target) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "rows, options, message",
+    [
+        ([("", 1)], {"partition_by": ["region"]}, "empty string in partition"),
+        ([("a", 1)], {"partition_by": ["nope"]}, "'partition_by' names 'nope'"),
+        ([("a", 1)], {"partition_by": ["region", "id"]}, "every column is a partition column"),
+    ],
+)
+def test_bad_partitioning_is_refused_before_anything_is_written(spark, target, rows, options, message):
+    with pytest.raises(InputError, match=message):
+        MVSink(target, "bad", **options)(spark.createDataFrame(rows, "region string, id long"), 0)
+    assert not DeltaTable.is_deltatable(target)
+
+
+def test_float_partition_columns_are_refused(spark, target):
+    with pytest.raises(InputError, match="partition by string, integer, date or boolean"):
+        MVSink(target, "f", partition_by=["x"])(spark.createDataFrame([(1.5, 1)], "x double, id long"), 0)

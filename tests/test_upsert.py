@@ -1,0 +1,173 @@
+"""Upsert mode: per-key replacement, deletes, sequences, self-correction and pruned read-back."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from mvsink import DuplicateKeyError, InputError, MVSink, frontier
+from mvsink.delta import foreign_append, foreign_delete
+from tests.helpers import added, live_files, multiset, removed, target_table, versions
+
+SCHEMA = "id long, name string, amount double"
+WITH_DELETE = "id long, name string, amount double, gone boolean"
+WITH_SEQ = "id long, name string, seq long"
+
+
+def rows_of(target: str) -> Counter:
+    return multiset(target_table(target))
+
+
+def test_changed_keys_replace_their_rows_and_other_keys_stay(spark, target):
+    sink = MVSink(target, "u", mode="upsert", key=["id"])
+    sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(1, 6)], SCHEMA), 0)
+    report = sink(spark.createDataFrame([(2, "two", 2.5), (6, "six", 6.0)], SCHEMA), 1)
+    assert (report.inserted, report.retracted) == (2, 1)
+    want = Counter(
+        [(1, "n1", 1.0), (2, "two", 2.5), (3, "n3", 3.0), (4, "n4", 4.0), (5, "n5", 5.0), (6, "six", 6.0)]
+    )
+    assert rows_of(target) == want
+    assert frontier(target, "u") == 2
+    # The same batch again under a new epoch changes nothing.
+    again = sink(spark.createDataFrame([(2, "two", 2.5), (6, "six", 6.0)], SCHEMA), 2)
+    assert (again.inserted, again.retracted, again.files_added) == (0, 0, 0)
+
+
+def test_a_delete_marker_removes_its_key_and_is_not_stored(spark, target):
+    sink = MVSink(target, "d", mode="upsert", key=["id"], delete_column="gone")
+    sink(spark.createDataFrame([(i, f"n{i}", 1.0, False) for i in range(4)], WITH_DELETE), 0)
+    assert target_table(target).column_names == ["id", "name", "amount"]
+    sink(
+        spark.createDataFrame(
+            [(1, None, None, True), (9, "nine", 9.0, None), (7, "x", 1.0, True)], WITH_DELETE
+        ),
+        1,
+    )
+    assert rows_of(target) == Counter([(0, "n0", 1.0), (2, "n2", 1.0), (3, "n3", 1.0), (9, "nine", 9.0)])
+
+
+def test_the_highest_sequence_wins_and_older_events_never_roll_a_key_back(spark, target):
+    sink = MVSink(target, "s", mode="upsert", key=["id"], sequence_column="seq")
+    batch = [(1, "a-old", 1), (1, "a-new", 3), (1, "a-mid", 2), (2, "b", 5)]
+    sink(spark.createDataFrame(batch, WITH_SEQ), 0)
+    assert rows_of(target) == Counter([(1, "a-new", 3), (2, "b", 5)])
+    # An out-of-order event for key 2 (older than stored) is ignored; key 1 moves on.
+    report = sink(spark.createDataFrame([(2, "b-stale", 4), (1, "a-newer", 4)], WITH_SEQ), 1)
+    assert rows_of(target) == Counter([(1, "a-newer", 4), (2, "b", 5)])
+    assert (report.inserted, report.retracted) == (1, 1)
+    # An equal sequence is not older: it replaces.
+    sink(spark.createDataFrame([(2, "b-again", 5)], WITH_SEQ), 2)
+    assert rows_of(target) == Counter([(1, "a-newer", 4), (2, "b-again", 5)])
+
+
+def test_an_old_delete_does_not_remove_a_newer_row(spark, target):
+    schema = "id long, v string, seq long, del boolean"
+    sink = MVSink(target, "sd", mode="upsert", key=["id"], sequence_column="seq", delete_column="del")
+    sink(spark.createDataFrame([(1, "a", 10, False), (2, "b", 10, False)], schema), 0)
+    sink(spark.createDataFrame([(1, None, 9, True), (2, None, 11, True)], schema), 1)
+    assert rows_of(target) == Counter([(1, "a", 10)])
+
+
+@pytest.mark.parametrize(
+    "options, batch, error, message",
+    [
+        ({}, [(1, "a", 1.0), (1, "b", 2.0), (2, "c", 1.0)], DuplicateKeyError, r"\(1,\)"),
+        ({}, [(None, "a", 1.0)], InputError, "null in key"),
+    ],
+)
+def test_bad_batches_are_refused_and_leave_the_target_unchanged(
+    spark, target, options, batch, error, message
+):
+    sink = MVSink(target, "bad", mode="upsert", key=["id"], **options)
+    sink(spark.createDataFrame([(5, "e", 5.0)], SCHEMA), 0)
+    before = versions(target)
+    with pytest.raises(error, match=message) as info:
+        sink(spark.createDataFrame(batch, SCHEMA), 1)
+    assert info.value.view == "bad" and info.value.epoch == 1
+    assert versions(target) == before and rows_of(target) == Counter([(5, "e", 5.0)])
+
+
+def test_a_sequence_tie_or_null_sequence_is_refused(spark, target):
+    sink = MVSink(target, "tie", mode="upsert", key=["id"], sequence_column="seq")
+    sink(spark.createDataFrame([(1, "a", 1)], WITH_SEQ), 0)
+    with pytest.raises(DuplicateKeyError, match="same highest seq"):
+        sink(spark.createDataFrame([(1, "x", 2), (1, "y", 2)], WITH_SEQ), 1)
+    with pytest.raises(InputError, match="null sequence"):
+        sink(spark.createDataFrame([(1, "x", None)], WITH_SEQ), 1)
+    assert versions(target) == [0]
+
+
+def test_missing_key_column_is_a_clear_error(spark, target):
+    with pytest.raises(InputError, match="option 'key' names 'customer'"):
+        MVSink(target, "k", mode="upsert", key=["customer"])(
+            spark.createDataFrame([(1, "a", 1.0)], SCHEMA), 0
+        )
+    assert not os.path.exists(target)
+
+
+def test_whatever_the_target_holds_for_a_touched_key_becomes_the_desired_row(spark, target):
+    sink = MVSink(target, "heal", mode="upsert", key=["id"])
+    sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(1, 6)], SCHEMA), 0)
+    foreign_append(target, [{"id": 3, "name": "n3", "amount": 3.0}] * 2)  # key 3 held three times
+    foreign_append(target, [{"id": 4, "name": "stale", "amount": 0.0}])  # key 4 held twice
+    foreign_delete(target, "id = 5")  # key 5 missing
+    foreign_append(target, [{"id": 99, "name": "rogue", "amount": 0.0}])  # untouched: left alone
+    sink(spark.createDataFrame([(3, "n3", 3.0), (4, "four", 4.0), (5, "five", 5.0)], SCHEMA), 1)
+    assert rows_of(target) == Counter(
+        [
+            (1, "n1", 1.0),
+            (2, "n2", 2.0),
+            (3, "n3", 3.0),
+            (4, "four", 4.0),
+            (5, "five", 5.0),
+            (99, "rogue", 0.0),
+        ]
+    )
+
+
+def test_only_files_that_can_hold_a_touched_key_are_read_and_rewritten(spark, target):
+    sink = MVSink(target, "prune", mode="upsert", key=["id"], max_rows_per_file=100, cluster_by=["id"])
+    sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(2000)], SCHEMA), 0)
+    files = live_files(target)
+    assert len(files) >= 10
+    holders = {
+        p for p in files if {150, 1234} & set(pq.read_table(os.path.join(target, p)).column("id").to_pylist())
+    }
+    report = sink(spark.createDataFrame([(150, "x", 0.0), (1234, "y", 0.0), (5000, "new", 0.0)], SCHEMA), 1)
+    assert set(removed(target, report.version)) == holders
+    assert report.files_read <= len(holders) + 2 < len(files)  # pruned by min/max key stats
+    assert len(rows_of(target)) == 2001
+
+
+def test_upsert_replay_and_a_racing_replica(spark, target):
+    a = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0})
+    b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0})
+    a(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 0)
+    batch = spark.createDataFrame([(2, "B", 2.0), (3, "C", 3.0)], SCHEMA)
+    state = {"done": False}
+
+    def twin_commits_first(snapshot):
+        if not state["done"]:
+            state["done"] = True
+            b(batch, 1)
+
+    a._before_commit = twin_commits_first
+    report = a(batch, 1)
+    assert report.outcome == "replay" and report.attempts == 2
+    assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
+    n = len(versions(target))
+    assert a(batch, 1).outcome == "replay" and len(versions(target)) == n
+    # A foreign commit in the window makes the upsert retry against the new snapshot.
+    a._before_commit = lambda snap: (
+        None
+        if state.get("rogue")
+        else (state.update(rogue=True), foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
+    )
+    report = a(spark.createDataFrame([(3, "C", 3.0)], SCHEMA), 2)
+    assert report.attempts == 2
+    assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
+    assert set(os.listdir(target)) >= {"_delta_log"}
+    assert all(os.path.exists(os.path.join(target, p)) for p in added(target, report.version))
