@@ -6,10 +6,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mvsink-installed
 
-.PHONY: demo test lint bench java clean
+.PHONY: demo test lint bench clean
 
-java:
-	@$(PYTHON) scripts/check_java.py
+# Spark needs Java 17+: say so in one line, before anything is installed.
+ifneq ($(filter demo test bench,$(MAKECMDGOALS)),)
+JAVA_PROBLEM := $(shell $(PYTHON) scripts/check_java.py 2>&1)
+ifneq ($(JAVA_PROBLEM),)
+$(error $(JAVA_PROBLEM))
+endif
+endif
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,17 +22,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-demo: java $(STAMP)
+demo: $(STAMP)
 	$(BIN)/mvsink run
 
-test: java $(STAMP)
+test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check mvsink tests bench
 	$(BIN)/mypy
 
-bench: java $(STAMP)
+bench: $(STAMP)
 	$(BIN)/python bench/complete_mode.py
 
 clean:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bench",
         max_rows_per_file=args.file_rows,
         cluster_by=("id",) if args.cluster else (),
+        cache_desired=not args.no_cache,
     )
     over, merge = os.path.join(root, "overwrite"), os.path.join(root, "merge")
     try:
@@ -141,6 +142,7 @@ def main() -> None:
     p.add_argument("--merge-epochs", type=int, default=2, help="MERGE is slow: epochs to run it for")
     p.add_argument("--file-rows", type=int, default=250_000)
     p.add_argument("--cluster", action="store_true", help="mvsink cluster_by=('id',)")
+    p.add_argument("--no-cache", action="store_true", help="mvsink cache_desired=False")
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
     result = run(args)
@@ -149,7 +151,8 @@ def main() -> None:
         print(f"  {name:18s} {s['median_s']:.2f}s  {s['median_MB']:.1f}MB written")
     os.makedirs(args.out, exist_ok=True)
     cluster = "-cluster" if args.cluster else ""
-    name = f"complete-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}.json"
+    cache = "-nocache" if args.no_cache else ""
+    name = f"complete-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}{cache}.json"
     with open(os.path.join(args.out, name), "w") as fh:
         json.dump(result, fh, indent=1)
 

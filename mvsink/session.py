@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 DEFAULTS = {
@@ -29,7 +30,10 @@ def local_session(
     # A local job needs no routable address; this also silences Spark's loopback warning.
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    # Under spark-submit the master comes from the command line: do not override it.
+    if SparkConf().get("spark.master", None) is None:
+        builder = builder.master(master)
     for key, value in {**DEFAULTS, **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -182,8 +182,7 @@ class _Epoch:
             if desc in ("replay", "before_as_of"):
                 self._drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
-            self._check_partition_values(partition_by)
-            plan = self._plan(snap, schema_json)
+            plan = self._plan(snap, schema_json, partition_by)
             if not isinstance(desc, BatchDescription):
                 return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
             with self._phase("write"):
@@ -262,39 +261,50 @@ class _Epoch:
             )
         return snap.schema_json, snap.partition_by
 
-    def _check_partition_values(self, partition_by: tuple[str, ...]) -> None:
-        """Refuse empty strings in partition columns: Spark and Delta store them as null."""
-        if self.partitions_checked:
-            return
-        self.partitions_checked = True
-        text = [c for c in partition_by if isinstance(self.stored[c].dataType, StringType)]
-        if not text:
+    def _text_partitions(self, partition_by: tuple[str, ...]) -> list[str]:
+        return [c for c in partition_by if isinstance(self.stored[c].dataType, StringType)]
+
+    def _check_partition_values(self, rows: DataFrame, partition_by: tuple[str, ...]) -> None:
+        """Refuse empty strings in partition columns: Spark and Delta store them as null.
+
+        ``rows`` must be cached: a second partial run of a streaming batch's plan is not safe.
+        """
+        text = self._text_partitions(partition_by)
+        if self.partitions_checked or not text:
             return
         empty = F.lit(False)
         for c in text:
             empty = empty | (F.col(quote(c)) == "")
-        if self.raw.where(empty).limit(1).count():
+        if rows.where(empty).limit(1).count():
             raise InputError(
                 f"an empty string in partition column(s) {', '.join(text)}: Delta partitions store it "
                 "as null, so the target could not equal desired; map it to null or another value",
                 self.where,
             )
+        self.partitions_checked = True
 
-    def _plan(self, snap: Snapshot, schema_json: str) -> Plan:
+    def _plan(self, snap: Snapshot, schema_json: str, partition_by: tuple[str, ...]) -> Plan:
         schema = target_struct(schema_json)
         mode = self.opts.mode
         if mode == "append":
-            return plan_append(self.raw, schema)
+            if not self._text_partitions(partition_by):
+                return plan_append(self.raw, schema)
+            if self.desired is None:
+                self.desired = self.raw.persist(StorageLevel.MEMORY_AND_DISK)
+            self._check_partition_values(self.desired, partition_by)
+            return plan_append(self.desired, schema)
         if mode == "upsert":
             spec = UpsertSpec(self.opts.key, self.opts.delete_column, self.opts.sequence_column)
             with self._phase("prepare"):
                 if self.ranked is None:
                     self.ranked = prepare(self.raw, schema, spec, self.where)
+                self._check_partition_values(self.ranked, partition_by)
             with self._phase("read back"):
                 plan = plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
             self.files_read += plan.files_read
             return plan
         corr = self._correction(snap, schema_json)
+        self._check_partition_values(self._desired(schema_json), partition_by)
         return plan_complete(self.spark, self._desired(schema_json), corr, snap, self.sink._index, schema)
 
     def _drain(self) -> None:
@@ -303,7 +313,7 @@ class _Epoch:
         A stateful streaming query commits its state only when every partition of the batch
         ran; Spark 4 fails a ``foreachBatch`` that skips them. Writing nothing is not enough.
         """
-        if self.fingerprints is None and self.ranked is None:
+        if self.fingerprints is None and self.ranked is None and self.desired is None:
             self.raw.write.format("noop").mode("overwrite").save()
 
     def _desired(self, schema_json: str) -> DataFrame:
@@ -312,7 +322,9 @@ class _Epoch:
             schema = target_struct(schema_json)
             a, b = fingerprint_columns(schema)
             cols = [F.col(quote(n)) for n in schema.names]
-            self.desired = self.raw.select(*cols, a, b).persist(StorageLevel.MEMORY_AND_DISK)
+            self.desired = self.raw.select(*cols, a, b)
+            if self.opts.cache_desired:
+                self.desired = self.desired.persist(StorageLevel.MEMORY_AND_DISK)
         return self.desired
 
     def _correction(self, snap: Snapshot, schema_json: str) -> Correction:

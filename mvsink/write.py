@@ -158,9 +158,11 @@ def stage(
     if inserts is None and not rewrites:
         return NOTHING
     if inserts is not None:
-        if cluster_by:
+        keys = [F.col(quote(c)) for c in cluster_by]
+        if keys and inserted is None:
+            inserts = inserts.sortWithinPartitions(*keys)
+        elif keys:
             n_files = max(1, math.ceil((inserted or 1) / max_rows_per_file))
-            keys = [F.col(quote(c)) for c in cluster_by]
             inserts = inserts.repartitionByRange(n_files, *keys).sortWithinPartitions(*keys)
         elif inserted is not None:
             inserts = inserts.coalesce(max(1, math.ceil(inserted / max_rows_per_file)))

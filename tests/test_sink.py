@@ -6,6 +6,7 @@ import math
 import os
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
@@ -229,3 +230,45 @@ def test_staged_files_outside_hidden_folders_and_none_left_behind(spark, target)
     assert on_disk == ever  # every data file on disk was committed at some version
     assert all(not part.startswith(("_", ".")) for p in on_disk for part in p.split(os.sep)[:-1])
     assert not any(n.endswith(".crc") or n == "_SUCCESS" for _, _, ns in os.walk(target) for n in ns)
+
+
+def test_an_empty_desired_empties_the_view_and_can_create_it(spark, target, tmp_path):
+    sink = MVSink(target, "empty", max_rows_per_file=3)
+    sink(people(spark, range(7)), 0)
+    report = sink(people(spark, range(0)), 1)
+    assert report.retracted == 7 and report.files_added == 0
+    assert target_table(target).num_rows == 0
+    assert frontier(target, "empty") == 2
+    fresh = str(tmp_path / "fresh")
+    MVSink(fresh, "fresh")(people(spark, range(0)), 0)
+    assert target_table(fresh).column_names == ["id", "name", "x"]
+    assert frontier(fresh, "fresh") == 1
+
+
+def test_without_the_cache_desired_is_evaluated_twice_and_still_exact(spark, target):
+    sink = MVSink(target, "nocache", cache_desired=False)
+    sink(people(spark, range(10)), 0)
+    desired = people(spark, range(5, 15))
+    report = sink(desired, 1)
+    assert (report.inserted, report.retracted) == (5, 5)
+    assert_equal_to(target, desired)
+
+
+def test_a_nondeterministic_desired_without_the_cache_fails_and_commits_nothing(spark, target):
+    from pyspark.sql import functions as F
+
+    from mvsink import InvariantViolation
+
+    sink = MVSink(target, "rand", cache_desired=False)
+    sink(people(spark, range(10)), 0)
+    # current_timestamp() is fixed per query, and every evaluation is a new query.
+    now = F.unix_micros(F.current_timestamp()).cast("double")
+    shaky = people(spark, range(10)).withColumn("x", F.when(F.col("id") == 9, now).otherwise(F.col("x")))
+    with pytest.raises(InvariantViolation, match="staged"):
+        sink(shaky, 1)
+    assert versions(target) == [0]
+    # With the cache (the default) the same desired is written exactly.
+    cached = MVSink(target, "rand")
+    shaky = shaky.cache()
+    cached(shaky, 1)
+    assert_equal_to(target, shaky)
