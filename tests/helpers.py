@@ -118,3 +118,15 @@ def data_files_on_disk(target: str) -> set[str]:
             if n.endswith(".parquet"):
                 out.add(os.path.relpath(os.path.join(root, n), target))
     return out
+
+
+def once(action: Any) -> Any:
+    """A before-commit hook that runs ``action()`` the first time it is called only."""
+    state = {"done": False}
+
+    def hook(snapshot: Any) -> None:
+        if not state["done"]:
+            state["done"] = True
+            action()
+
+    return hook

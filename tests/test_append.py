@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mvsink import MVSink, frontier
-from tests.helpers import multiset, target_table, versions
+from tests.helpers import multiset, once, target_table, versions
 
 SCHEMA = "id long, v string"
 
@@ -28,13 +28,6 @@ def test_a_replica_writing_the_same_epoch_adds_nothing(spark, target):
     b = MVSink(target, "twin", mode="append", retry={"initial_backoff_s": 0})
     a(spark.createDataFrame([(0, "x")], SCHEMA), 0)
     batch = spark.createDataFrame([(1, "y"), (2, "z")], SCHEMA)
-    state = {"done": False}
-
-    def twin(snapshot):
-        if not state["done"]:
-            state["done"] = True
-            b(batch, 1)
-
-    a._before_commit = twin
+    a._before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
     assert a(batch, 1).outcome == "replay"
     assert multiset(target_table(target)) == Counter([(0, "x"), (1, "y"), (2, "z")])

@@ -20,6 +20,7 @@ from tests.helpers import (
     data_files_on_disk,
     live_files,
     multiset,
+    once,
     removed,
     target_table,
     versions,
@@ -27,18 +28,6 @@ from tests.helpers import (
 from tests.test_sink import people
 
 RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
-
-
-def once(action):
-    """A before-commit hook that runs ``action`` the first time only."""
-    state = {"done": False}
-
-    def hook(snapshot):
-        if not state["done"]:
-            state["done"] = True
-            action()
-
-    return hook
 
 
 def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spark, target):

@@ -10,7 +10,7 @@ import pytest
 
 from mvsink import DuplicateKeyError, InputError, MVSink, frontier
 from mvsink.delta import foreign_append, foreign_delete
-from tests.helpers import added, live_files, multiset, removed, target_table, versions
+from tests.helpers import added, live_files, multiset, once, removed, target_table, versions
 
 SCHEMA = "id long, name string, amount double"
 WITH_DELETE = "id long, name string, amount double, gone boolean"
@@ -147,25 +147,14 @@ def test_upsert_replay_and_a_racing_replica(spark, target):
     b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0})
     a(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 0)
     batch = spark.createDataFrame([(2, "B", 2.0), (3, "C", 3.0)], SCHEMA)
-    state = {"done": False}
-
-    def twin_commits_first(snapshot):
-        if not state["done"]:
-            state["done"] = True
-            b(batch, 1)
-
-    a._before_commit = twin_commits_first
+    a._before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
     report = a(batch, 1)
     assert report.outcome == "replay" and report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
     n = len(versions(target))
     assert a(batch, 1).outcome == "replay" and len(versions(target)) == n
     # A foreign commit in the window makes the upsert retry against the new snapshot.
-    a._before_commit = lambda snap: (
-        None
-        if state.get("rogue")
-        else (state.update(rogue=True), foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
-    )
+    a._before_commit = once(lambda: foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
     report = a(spark.createDataFrame([(3, "C", 3.0)], SCHEMA), 2)
     assert report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
