@@ -163,7 +163,9 @@ def stage(
             inserts = inserts.sortWithinPartitions(*keys)
         elif keys:
             n_files = max(1, math.ceil((inserted or 1) / max_rows_per_file))
-            inserts = inserts.repartitionByRange(n_files, *keys).sortWithinPartitions(*keys)
+            # One file needs no range bounds (whose sampling is a Spark job of its own).
+            spread = inserts.repartition(1) if n_files == 1 else inserts.repartitionByRange(n_files, *keys)
+            inserts = spread.sortWithinPartitions(*keys)
         elif inserted is not None:
             inserts = inserts.coalesce(max(1, math.ceil(inserted / max_rows_per_file)))
     kept = kept_rows(spark, schema, partition_by, rewrites)
