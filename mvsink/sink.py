@@ -85,6 +85,7 @@ class MVSink:
         self.options = SinkOptions.build(target=target, name=name, **options)
         self._index = PersistedIndex()
         self._lock = threading.Lock()
+        self._read_only = self.options.read_only
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -106,6 +107,19 @@ class MVSink:
     @property
     def last_report(self) -> EpochReport | None:
         return self.reports[-1] if self.reports else None
+
+    @property
+    def read_only(self) -> bool:
+        """True while the sink only computes and reports corrections (a standby replica)."""
+        return self._read_only
+
+    def promote(self) -> None:
+        """Start committing from the next epoch on (a read-only standby taking over).
+
+        Safe while another replica still writes: every commit is conditional on the frontier.
+        """
+        with self._lock:
+            self._read_only = False
 
     def frontier(self) -> int | None:
         """The target's frontier for this view (None before the first commit)."""
@@ -177,7 +191,7 @@ class _Epoch:
                 snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
             schema_json, partition_by = self._layout(snap)
             desc = mint(
-                self.epoch, snap.frontier, as_of=opts.as_of, read_only=opts.read_only, where=self.where
+                self.epoch, snap.frontier, as_of=opts.as_of, read_only=self.sink.read_only, where=self.where
             )
             if desc in ("replay", "before_as_of"):
                 self._drain()

@@ -106,9 +106,11 @@ import json, sys, time, os
 sys.path.insert(0, os.getcwd())
 from mvsink.session import local_session
 from mvsink import MVSink
-target, go, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+target, go, epochs, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 spark = local_session("race", conf={"spark.driver.memory": "1g"})
-sink = MVSink(target, "race", max_rows_per_file=4, retry={"initial_backoff_s": 0.01, "max_attempts": 50})
+keys = {"key": ["id"]} if mode == "upsert" else {}
+retry = {"initial_backoff_s": 0.01, "max_attempts": 50}
+sink = MVSink(target, "race", mode=mode, max_rows_per_file=4, retry=retry, **keys)
 rows = [[(i, f"e{e}-{i % 3}") for i in range(e, e + 12)] for e in range(epochs)]
 frames = [spark.createDataFrame(r, "id long, v string") for r in rows]
 for f in frames:
@@ -123,7 +125,16 @@ print(json.dumps(out))
 """
 
 
-def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path):
+def expected_after(mode: str, epoch: int) -> Counter:
+    """What the view holds after ``epoch``: the batch itself (complete), or every key's latest row."""
+    if mode == "complete":
+        return Counter((i, f"e{epoch}-{i % 3}") for i in range(epoch, epoch + 12))
+    # Batch e upserts ids e..e+11; id i was last written by epoch min(i, e).
+    return Counter((i, f"e{min(i, epoch)}-{i % 3}") for i in range(epoch + 12))
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
     epochs = 8
     go = str(tmp_path / "go")
     script = tmp_path / "worker.py"
@@ -131,7 +142,7 @@ def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), target, go, str(epochs)],
+            [sys.executable, str(script), target, go, str(epochs), mode],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -147,7 +158,7 @@ def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
-    desired = [Counter((i, f"e{e}-{i % 3}") for i in range(e, e + 12)) for e in range(epochs)]
+    desired = [expected_after(mode, e) for e in range(epochs)]
     assert frontier(target, "race") == epochs
     # Every committed version holds exactly one epoch's desired: never a duplicated row.
     for v in versions(target):

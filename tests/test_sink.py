@@ -180,6 +180,10 @@ def test_read_only_sink_reports_the_correction_and_commits_nothing(spark, target
     assert report.outcome == "read_only"
     assert (report.inserted, report.retracted) == (2, 5)
     assert versions(target) == [0]
+    standby.promote()
+    assert not standby.read_only
+    assert standby(people(spark, range(5, 12)), 1).outcome == "committed"
+    assert_equal_to(target, people(spark, range(5, 12)))
 
 
 def test_spark_reads_the_listed_files_as_desired(spark, target):
