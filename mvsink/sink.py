@@ -10,9 +10,11 @@
 
 * mint (``mint.py``): from the latest snapshot (version ``v``, frontier ``lower``) decide the
   batch description ``(lower, epoch + 1)``, or nothing (replay, before ``as_of``, read-only).
-* write (``correction.py``, ``write.py``): fingerprint desired in one Spark job, diff it against
-  the index of the snapshot's files (``index.py``), and stage the inserted rows and the
-  rewritten files as Parquet that nothing references yet.
+* write (``plan.py``, ``write.py``): plan the rows to insert and the files to rewrite, and
+  stage them as Parquet that nothing references yet. Complete mode fingerprints desired in one
+  Spark job and diffs it against the index of the snapshot's files (``correction.py``,
+  ``index.py``); upsert mode reads back only the touched keys (``upsert.py``); append mode
+  inserts the batch.
 * append (``delta.py``): commit removes, adds and the frontier in one Delta version, only if
   no commit at all landed since ``v``.
 
@@ -26,7 +28,8 @@ Invariants (cited elsewhere by number):
 * I2. A commit is only ever made against the snapshot its correction was computed from
   (``compare_and_append`` is strict: any commit since that snapshot makes it fail).
 * I3. After a successful append at ``upper`` the target equals desired of epoch ``upper - 1``
-  as a multiset, whatever it held before.
+  as a multiset, whatever it held before (complete mode); every key the batch touched holds
+  exactly its desired row (upsert mode); the batch's rows were added once (append mode).
 * I4. No staged file is referenced unless its whole description committed; a failed attempt
   deletes its staged files, and a crash leaves only unreferenced files that vacuum removes.
 * I5. Nothing is lost: an epoch commits, is found already reflected (a newer frontier), or
@@ -196,6 +199,7 @@ class _Epoch:
             if desc in ("replay", "before_as_of"):
                 self._drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
+            self._warn_on_gap(desc)
             plan = self._plan(snap, schema_json, partition_by)
             if not isinstance(desc, BatchDescription):
                 return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
@@ -259,6 +263,21 @@ class _Epoch:
             "retry.max_attempts or make it commit less often.",
             self.where,
         )
+
+    def _warn_on_gap(self, desc: BatchDescription | str) -> None:
+        """Only a complete batch repairs everything: in upsert or append mode, say so when
+        epochs between the frontier and this one were never written by anyone."""
+        if self.opts.mode == "complete" or not isinstance(desc, BatchDescription) or desc.lower is None:
+            return
+        if desc.upper > desc.lower + 1:
+            log.warning(
+                "%s: epochs %d..%d were never committed to the target; in %s mode their rows are "
+                "not in it (was the table restored, or the checkpoint replaced?)",
+                self.where,
+                desc.lower,
+                desc.upper - 2,
+                self.opts.mode,
+            )
 
     def _layout(self, snap: Snapshot) -> tuple[str, tuple[str, ...]]:
         """The target's schema JSON and partition columns: the table's, or those it will get."""

@@ -31,3 +31,12 @@ def test_a_replica_writing_the_same_epoch_adds_nothing(spark, target):
     a._before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
     assert a(batch, 1).outcome == "replay"
     assert multiset(target_table(target)) == Counter([(0, "x"), (1, "y"), (2, "z")])
+
+
+def test_a_gap_in_epochs_is_logged(spark, target, caplog):
+    sink = MVSink(target, "gap", mode="append")
+    sink(spark.createDataFrame([(1, "a")], SCHEMA), 0)
+    with caplog.at_level("WARNING", logger="mvsink.sink"):
+        sink(spark.createDataFrame([(2, "b")], SCHEMA), 3)
+    assert "epochs 1..2 were never committed" in caplog.text
+    assert frontier(target, "gap") == 4
