@@ -8,7 +8,6 @@ compare-and-append. Every delta-rs error is mapped to an mvsink error here.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -236,12 +235,6 @@ def compare_and_append(
         if snap.version is None and "already exists" in str(exc):
             raise ConflictError("the table was created concurrently", where) from exc
         raise MVSinkError(f"delta-rs refused the commit: {exc}", where) from exc
-
-
-def schema_from_json(text: str) -> dict[str, Any]:
-    """The Delta (= Spark) schema JSON as a dict."""
-    parsed: dict[str, Any] = json.loads(text)
-    return parsed
 
 
 def read_table(target: str, storage_options: Mapping[str, str] | None = None) -> pa.Table:

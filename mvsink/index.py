@@ -102,9 +102,6 @@ class PersistedIndex:
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
 
-    def __contains__(self, path: str) -> bool:
-        return path in self._files
-
     def entry(self, path: str) -> FileEntry:
         return self._files[path]
 

@@ -113,15 +113,12 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
         raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
 
 
-def _key_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.cast(col, pa.string())
-
-
 def candidate_files(
     files: Sequence[DataFile], touched: pa.Table, key: Sequence[str], partition_by: Sequence[str]
 ) -> list[DataFile]:
     """The files whose partition values and key bounds can hold one of the touched keys."""
-    as_string = {k: _key_strings(touched.column(k)) for k in key if k in partition_by}
+    # Delta stores partition values as strings, formatted as casting the key to string does.
+    as_string = {k: pc.cast(touched.column(k), pa.string()) for k in key if k in partition_by}
     out = []
     for f in files:
         mask: Any = None
