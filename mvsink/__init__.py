@@ -2,6 +2,7 @@
 
 from mvsink.config import RetryPolicy, SinkOptions
 from mvsink.errors import (
+    CommitOutcomeUnknownError,
     ConfigError,
     ConflictError,
     DuplicateKeyError,
@@ -18,6 +19,7 @@ from mvsink.sink import MVSink, frontier
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommitOutcomeUnknownError",
     "ConfigError",
     "ConflictError",
     "DuplicateKeyError",

@@ -8,9 +8,10 @@ compare-and-append. Every delta-rs error is mapped to an mvsink error here.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -21,12 +22,28 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import (
     AddAction,
     CommitProperties,
+    PostCommitHookProperties,
     RemoveAction,
     Transaction,
     create_table_with_add_actions,
 )
 
-from mvsink.errors import ConflictError, MVSinkError, UnsupportedTableError, Where
+from mvsink.errors import (
+    CommitOutcomeUnknownError,
+    ConflictError,
+    MVSinkError,
+    UnsupportedTableError,
+    Where,
+)
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_KEY = "mvsink.attempt"
+"""Commit metadata key holding the unique id of the attempt that made the commit."""
+# delta-rs runs checkpointing and log cleanup after writing the commit file and reports their
+# failure as the commit's: we turn them off and run them ourselves, best-effort.
+_NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+_DEFAULT_CHECKPOINT_INTERVAL = 100
 
 # Table features whose data mvsink would misread or corrupt with plain file rewrites.
 _REFUSED_FEATURES = {
@@ -56,9 +73,15 @@ class DataFile:
     max_values: Mapping[str, Any] = field(default_factory=dict)
     """Top-level column bounds from the file's statistics (absent: unknown)."""
 
+    @property
+    def key(self) -> str:
+        """The path as it lies on storage relative to the root (decoded): the index's key, and
+        what a ``RemoveAction`` wants."""
+        return unquote(self.path)
+
     def local_path(self, root: str) -> str:
         """Where the file lies on disk."""
-        raw = unquote(self.path)
+        raw = self.key
         return raw if os.path.isabs(raw) else os.path.join(root, raw)
 
 
@@ -83,6 +106,12 @@ class Snapshot:
     schema_json: str | None
     partition_by: tuple[str, ...]
     files: tuple[DataFile, ...]
+    configuration: Mapping[str, str] = field(default_factory=dict)
+    """The table's properties (``delta.*`` settings, CHECK constraints, ...)."""
+    features: frozenset[str] = frozenset()
+    """Reader and writer table features the protocol names."""
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+    """The options the table was opened with (and commits use)."""
     _table: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -96,10 +125,10 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
     try:
         dt = DeltaTable(root, storage_options=dict(storage_options) or None)
     except TableNotFoundError:
-        return Snapshot(root, None, None, None, (), ())
+        return Snapshot(root, None, None, None, (), (), storage_options=dict(storage_options))
     except DeltaError as exc:
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
-    _check_features(dt, where)
+    features = _check_features(dt, where)
     meta = dt.metadata()
     actions = pa.table(dt.get_add_actions(flatten=False))
     files = tuple(
@@ -120,6 +149,9 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         schema_json=dt.schema().to_json(),
         partition_by=tuple(meta.partition_columns),
         files=files,
+        configuration={k: v for k, v in meta.configuration.items() if v is not None},
+        features=features,
+        storage_options=dict(storage_options),
         _table=dt,
     )
 
@@ -146,7 +178,7 @@ def _bounds(values: Any) -> dict[str, Any]:
     return {k: v for k, v in (values or {}).items() if v is not None and not isinstance(v, dict)}
 
 
-def _check_features(dt: DeltaTable, where: Where) -> None:
+def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
     proto = dt.protocol()
     features = set(proto.reader_features or ()) | set(proto.writer_features or ())
     config = dt.metadata().configuration
@@ -162,6 +194,7 @@ def _check_features(dt: DeltaTable, where: Where) -> None:
             "exact. Point the view at a table without these features.",
             where,
         )
+    return frozenset(features)
 
 
 def read_frontier(target: str, app_id: str, storage_options: Mapping[str, str]) -> int | None:
@@ -181,23 +214,36 @@ def compare_and_append(
     removes: Sequence[DataFile],
     app_id: str,
     upper: int,
+    attempt_id: str,
     metadata: Mapping[str, str],
     schema_json: str,
     partition_by: Sequence[str],
     where: Where,
+    _after_call: Callable[[], None] | None = None,
 ) -> int:
     """Commit ``adds``, ``removes`` and the frontier ``upper`` as one Delta version.
 
     Strict: it lands only if no commit at all landed since ``snap`` (delta-rs retries are
     off, because its rebase turns our removes of concurrently compacted files into silent
-    no-ops). Returns the new version; raises ``ConflictError`` if another commit came first.
+    no-ops). Returns the new version.
+
+    Outcomes, and what they allow the caller to do with the staged files:
+
+    * returns: the commit landed (possibly found in the log after the call failed);
+    * ``ConflictError``: another commit holds the version; ours cannot land, delete the files;
+    * ``CommitOutcomeUnknownError``: the log could not say; the files must be kept.
+
+    ``attempt_id`` is written into the commit metadata (``ATTEMPT_KEY``); it is how a failed
+    call is told apart from a landed one. Checkpointing and log cleanup run after the commit,
+    best-effort: their failure is logged, never the epoch's.
     """
+    version = 0 if snap.version is None else snap.version + 1
     now = int(time.time() * 1000)
     add_actions = [AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats) for f in adds]
     props = CommitProperties(
-        custom_metadata=dict(metadata),
+        custom_metadata={**metadata, ATTEMPT_KEY: attempt_id},
         max_commit_retries=0,
-        app_transactions=[Transaction(app_id, upper)],
+        app_transactions=[Transaction(app_id, upper, now)],
     )
     try:
         if snap.version is None:
@@ -207,34 +253,112 @@ def compare_and_append(
                 add_actions,
                 mode="error",
                 partition_by=list(partition_by) or None,
+                storage_options=dict(snap.storage_options) or None,
                 commit_properties=props,
+                post_commithook_properties=_NO_HOOKS,
             )
-            return 0
-        remove_actions = [
-            RemoveAction(
-                path=unquote(f.path),
-                data_change=True,
-                deletion_timestamp=now,
-                size=f.size,
-                partition_values=dict(f.partition_values) or None,
+        else:
+            remove_actions = [
+                RemoveAction(
+                    path=f.key,
+                    data_change=True,
+                    deletion_timestamp=now,
+                    size=f.size,
+                    partition_values=dict(f.partition_values) or None,
+                )
+                for f in removes
+            ]
+            dt: DeltaTable = snap._table
+            dt.create_write_transaction(
+                [*remove_actions, *add_actions],
+                mode="append",
+                schema=dt.schema(),
+                partition_by=list(partition_by) or None,
+                commit_properties=props,
+                post_commithook_properties=_NO_HOOKS,
             )
-            for f in removes
-        ]
-        dt: DeltaTable = snap._table
-        dt.create_write_transaction(
-            [*remove_actions, *add_actions],
-            mode="append",
-            schema=dt.schema(),
-            partition_by=list(partition_by) or None,
-            commit_properties=props,
-        )
-        return snap.version + 1
+        if _after_call is not None:
+            _after_call()
     except CommitFailedError as exc:
+        # delta-rs found the version taken and wrote nothing: a clean conflict.
         raise ConflictError(f"another commit landed after version {snap.version}: {exc}", where) from exc
-    except DeltaError as exc:
-        if snap.version is None and "already exists" in str(exc):
-            raise ConflictError("the table was created concurrently", where) from exc
-        raise MVSinkError(f"delta-rs refused the commit: {exc}", where) from exc
+    except Exception as exc:
+        _resolve(snap, version, attempt_id, exc, where)
+    _maintain_log(snap, version, where)
+    return version
+
+
+def _resolve(
+    snap: Snapshot,
+    version: int,
+    attempt_id: str,
+    exc: Exception,
+    where: Where,
+) -> None:
+    """Decide from the log what a commit call that raised ``exc`` did; return if it landed.
+
+    Like persist's indeterminate ``compare_and_append``: the error alone proves nothing
+    (delta-rs may fail after writing the commit file), so the log at ``version`` decides.
+    """
+    try:
+        holder = commit_attempt(snap.root, snap.storage_options, version)
+    except Exception as read_exc:
+        raise CommitOutcomeUnknownError(
+            f"committing version {version} failed ({exc}) and the Delta log could not be read back "
+            f"to see whether it landed ({read_exc}); the staged files are kept. Rerun the epoch: "
+            "it commits, or finds the epoch already written.",
+            where,
+        ) from exc
+    if holder == attempt_id:
+        log.warning(
+            "%s: the commit call failed (%s) but version %d is ours: the epoch committed", where, exc, version
+        )
+        return
+    if holder is not None:
+        raise ConflictError(
+            f"version {version} was committed by someone else while ours failed ({exc})", where
+        ) from exc
+    raise CommitOutcomeUnknownError(
+        f"committing version {version} failed ({exc}) and the version is not in the log yet; the "
+        "staged files are kept in case the commit still lands. Rerun the epoch: it commits, or "
+        "finds the epoch already written.",
+        where,
+    ) from exc
+
+
+def commit_attempt(root: str, storage_options: Mapping[str, str], version: int) -> str | None:
+    """The attempt id recorded in commit ``version`` ("" for a commit that has none), or None
+    if the log does not hold that version. Raises if the log cannot be read."""
+    try:
+        dt = DeltaTable(root, storage_options=dict(storage_options) or None)
+    except TableNotFoundError:
+        return None
+    latest = dt.version()
+    if latest < version:
+        return None
+    for entry in dt.history(latest - version + 1):
+        if entry.get("version") == version:
+            return str(entry.get(ATTEMPT_KEY, ""))
+    raise MVSinkError(f"the history of the table no longer lists version {version}")
+
+
+def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:
+    """Checkpoint (every ``delta.checkpointInterval`` versions) and clean up expired log files,
+    as delta-rs's post-commit hooks would, but after the commit and never failing it."""
+    configuration = snap.configuration
+    try:
+        interval = int(configuration.get("delta.checkpointInterval", _DEFAULT_CHECKPOINT_INTERVAL))
+    except ValueError:
+        interval = _DEFAULT_CHECKPOINT_INTERVAL
+    if version == 0 or interval <= 0 or version % interval:
+        return
+    try:
+        dt = DeltaTable(snap.root, version=version, storage_options=dict(snap.storage_options) or None)
+        dt.create_checkpoint()
+        if configuration.get("delta.enableExpiredLogCleanup", "true").lower() == "true":
+            dt.cleanup_metadata()
+    except Exception as exc:
+        log.warning("%s: version %d committed, but checkpointing it failed: %s", where, version, exc)
 
 
 def read_table(target: str, storage_options: Mapping[str, str] | None = None) -> pa.Table:

@@ -10,10 +10,15 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses
     ├── ConflictError                        retryable: another commit landed first
     │   └── RetriesExhaustedError            ...and kept landing until the retry budget ran out
+    ├── CommitOutcomeUnknownError            the commit call failed and the log could not say
+    │                                        whether it landed: the next epoch resolves it
     └── InvariantViolation                   a check that must never fail did: a bug, report it
 
 Catch ``ConflictError`` to retry an epoch yourself (Spark retries a failed batch on restart);
-everything else is terminal for the epoch and leaves the target as it was.
+everything else is terminal for the epoch and leaves the target as it was, except
+``CommitOutcomeUnknownError``: the epoch's commit may have landed. Its staged files are kept
+(never delete what a version may reference), and running the epoch again, or the next one,
+decides from the Delta log.
 """
 
 from __future__ import annotations
@@ -91,6 +96,16 @@ class ConflictError(MVSinkError):
 
 class RetriesExhaustedError(ConflictError):
     """Conflicts kept happening until the retry policy gave up; the epoch is not committed."""
+
+
+class CommitOutcomeUnknownError(MVSinkError):
+    """The commit call failed and reading the Delta log back could not tell whether the commit
+    landed (storage unreachable, or the version still absent after an indeterminate error).
+
+    The staged files are kept. Rerun the epoch (Spark does, when the batch fails): if the commit
+    landed the epoch is a replay, otherwise it commits afresh; vacuum removes files of attempts
+    that never landed.
+    """
 
 
 class InvariantViolation(MVSinkError):

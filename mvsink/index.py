@@ -97,7 +97,8 @@ def _normal(path_or_uri: str) -> str:
 
 
 class PersistedIndex:
-    """Fingerprints of the target's files, keyed by their path in the Delta log."""
+    """Fingerprints of the target's files, keyed by their decoded path (``DataFile.key``;
+    the log lists paths percent-encoded, staged files are known by their raw path)."""
 
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
@@ -114,9 +115,9 @@ class PersistedIndex:
 
     def sync(self, spark: SparkSession, snap: Snapshot, schema: StructType, where: Where) -> int:
         """Make the index cover exactly ``snap``'s files; returns how many files it read."""
-        live = {f.path for f in snap.files}
+        live = {f.key for f in snap.files}
         self.forget([p for p in self._files if p not in live])
-        missing = [f for f in snap.files if f.path not in self._files]
+        missing = [f for f in snap.files if f.key not in self._files]
         if not missing:
             return 0
         log.info("%s: indexing %d file(s) not seen before", where, len(missing))
@@ -129,12 +130,12 @@ class PersistedIndex:
                 raise InvariantViolation(
                     f"{f.path} holds {len(entry)} rows but the Delta log says {f.num_records}", where
                 )
-            self._files[f.path] = entry
+            self._files[f.key] = entry
         return len(missing)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
         """The persisted side over ``files``: file numbers index into ``files``."""
-        entries = [self._files[f.path] for f in files]
+        entries = [self._files[f.key] for f in files]
         if not entries:
             return Fingerprints.empty()
         sizes = np.array([len(e) for e in entries], dtype=np.int64)

@@ -49,7 +49,7 @@ def plan_complete(
     rewrites = []
     for k, drop in sorted(corr.retracted_positions().items()):
         f = snap.files[k]
-        entry = index.entry(f.path)
+        entry = index.entry(f.key)
         assert entry.uri is not None  # a file holding a row to retract has been read by Spark
         rewrites.append(Rewrite(f, f.local_path(snap.root), entry.uri, len(entry), drop))
     inserts = inserted_rows(spark, desired, corr, schema.names)

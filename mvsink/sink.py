@@ -45,6 +45,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,7 +58,14 @@ from pyspark.sql.types import StringType
 from mvsink.config import SinkOptions
 from mvsink.correction import Correction, Fingerprints, diff
 from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
-from mvsink.errors import ConfigError, ConflictError, InputError, RetriesExhaustedError, Where
+from mvsink.errors import (
+    CommitOutcomeUnknownError,
+    ConfigError,
+    ConflictError,
+    InputError,
+    RetriesExhaustedError,
+    Where,
+)
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
 from mvsink.index import PersistedIndex
 from mvsink.mint import BatchDescription, mint
@@ -93,6 +101,9 @@ class MVSink:
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
         self._before_commit: Callable[[Snapshot], None] | None = None
+        # Called right after the commit call returns, inside its error handling (tests use it
+        # to fail a commit that landed, as a post-commit step of delta-rs can).
+        self._after_commit_call: Callable[[], None] | None = None
 
     @classmethod
     def from_options(cls, options: SinkOptions) -> MVSink:
@@ -158,6 +169,8 @@ class _Epoch:
         self.ranked: DataFrame | None = None
         self.fingerprints: Fingerprints | None = None
         self.partitions_checked = False
+        self.batch_ran = False
+        """Whether a Spark job has run every partition of the micro-batch this epoch."""
         self.files_read = 0
         self.phases: dict[str, float] = {}
 
@@ -202,6 +215,7 @@ class _Epoch:
             self._warn_on_gap(desc)
             plan = self._plan(snap, schema_json, partition_by)
             if not isinstance(desc, BatchDescription):
+                self._drain()  # append mode plans without running the batch
                 return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
             with self._phase("write"):
                 staged = stage(
@@ -219,9 +233,14 @@ class _Epoch:
                     index_staged=plan.index_staged,
                     where=self.where,
                 )
-            try:
-                if self.sink._before_commit is not None:
+                self.batch_ran = True
+            if self.sink._before_commit is not None:
+                try:
                     self.sink._before_commit(snap)
+                except BaseException:
+                    discard_folder(staged.folder)
+                    raise
+            try:
                 with self._phase("append"):
                     version = compare_and_append(
                         snap,
@@ -229,12 +248,15 @@ class _Epoch:
                         removes=staged.removes,
                         app_id=opts.app_id,
                         upper=desc.upper,
+                        attempt_id=uuid.uuid4().hex,
                         metadata=self._metadata(desc, staged),
                         schema_json=schema_json,
                         partition_by=partition_by,
                         where=self.where,
+                        _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
+                # Known not to have landed (I4): the staged files can go.
                 discard_folder(staged.folder)
                 pause = policy.backoff(attempt, random.random())
                 log.info(
@@ -247,13 +269,13 @@ class _Epoch:
                 if attempt < policy.max_attempts:
                     time.sleep(pause)
                 continue
-            except BaseException:
-                discard_folder(staged.folder)
+            except CommitOutcomeUnknownError:
+                # The commit may have landed: its files may be referenced. Keep them (I4).
                 raise
             if plan.index_staged:
                 # Keep the index equal to the new version's files (the snapshot's, less removes,
                 # plus ours) so the next epoch reads nothing back.
-                self.sink._index.forget(f.path for f in staged.removes)
+                self.sink._index.forget(f.key for f in staged.removes)
                 for add, entry in zip(staged.adds, staged.entries, strict=True):
                     self.sink._index.put(add.path.replace(os.sep, "/"), entry)
             return self._report("committed", desc.lower, desc.upper, version, attempt, staged=staged)
@@ -334,6 +356,7 @@ class _Epoch:
                 self._check_partition_values(self.ranked, partition_by)
             with self._phase("read back"):
                 plan = plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
+            self.batch_ran = True  # the touched keys were collected from the whole batch
             self.files_read += plan.files_read
             return plan
         corr = self._correction(snap, schema_json)
@@ -346,8 +369,9 @@ class _Epoch:
         A stateful streaming query commits its state only when every partition of the batch
         ran; Spark 4 fails a ``foreachBatch`` that skips them. Writing nothing is not enough.
         """
-        if self.fingerprints is None and self.ranked is None and self.desired is None:
+        if not self.batch_ran:
             self.raw.write.format("noop").mode("overwrite").save()
+            self.batch_ran = True
 
     def _desired(self, schema_json: str) -> DataFrame:
         """Desired in the target's column order with its fingerprints, cached for this epoch."""
@@ -369,6 +393,7 @@ class _Epoch:
             with self._phase("fingerprint"):
                 table = self._desired(schema_json).select(FP_A, FP_B).toArrow()
                 self.fingerprints = Fingerprints(table.column(FP_A).to_numpy(), table.column(FP_B).to_numpy())
+                self.batch_ran = True
         with self._phase("diff"):
             return diff(self.fingerprints, self.sink._index.persisted(snap.files))
 

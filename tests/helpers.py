@@ -121,10 +121,10 @@ def data_files_on_disk(target: str) -> set[str]:
 
 
 def once(action: Any) -> Any:
-    """A before-commit hook that runs ``action()`` the first time it is called only."""
+    """A test hook that runs ``action()`` the first time it is called only."""
     state = {"done": False}
 
-    def hook(snapshot: Any) -> None:
+    def hook(*_args: Any) -> None:
         if not state["done"]:
             state["done"] = True
             action()

@@ -198,6 +198,7 @@ def test_spark_reads_the_listed_files_as_desired(spark, target):
 def test_public_api_is_pinned():
     assert mvsink.__all__ == sorted(mvsink.__all__)
     assert set(mvsink.__all__) == {
+        "CommitOutcomeUnknownError",
         "ConfigError",
         "ConflictError",
         "DuplicateKeyError",

@@ -1,0 +1,133 @@
+"""A commit call that errors may still have landed: the log decides, and nothing it may
+reference is ever deleted (issue: a landed commit is never undone)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+from deltalake import DeltaTable
+
+from mvsink import CommitOutcomeUnknownError, MVSink, frontier
+from tests.helpers import (
+    added,
+    assert_equal_to,
+    commit_info,
+    data_files_on_disk,
+    live_files,
+    log_entry,
+    once,
+    target_table,
+    versions,
+)
+from tests.test_sink import people
+
+RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
+
+
+def referenced_files_exist(target: str) -> bool:
+    return all(os.path.exists(os.path.join(target, p)) for p in live_files(target))
+
+
+def test_a_checkpoint_that_fails_after_the_commit_leaves_the_commit_and_its_files(spark, target, caplog):
+    sink = MVSink(target, "ckpt")
+    for epoch in range(3):
+        sink(people(spark, range(epoch, epoch + 5)), epoch)
+    DeltaTable(target).alter.set_table_properties({"delta.checkpointInterval": "2"})
+    next_version = DeltaTable(target).version() + 1
+    if next_version % 2:
+        sink(people(spark, range(3, 8)), 3)
+        next_version += 1
+    epoch = frontier(target, "ckpt")
+    # A directory where the checkpoint file of the next version goes: writing it must fail.
+    os.makedirs(os.path.join(target, "_delta_log", f"{next_version:020d}.checkpoint.parquet"))
+    desired = people(spark, range(10, 16))
+    with caplog.at_level(logging.WARNING, logger="mvsink"):
+        report = sink(desired, epoch)
+    assert report.outcome == "committed" and report.version == next_version
+    assert frontier(target, "ckpt") == epoch + 1
+    assert referenced_files_exist(target)
+    assert_equal_to(target, desired)
+    assert any("checkpoint" in r.getMessage() for r in caplog.records)
+    # And the view goes on.
+    later = people(spark, range(12, 20))
+    sink(later, epoch + 1)
+    assert_equal_to(target, later)
+
+
+def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, target):
+    sink = MVSink(target, "landed")
+    sink(people(spark, range(5)), 0)
+
+    def fail() -> None:
+        raise OSError("connection reset after the commit was written")
+
+    sink._after_commit_call = once(fail)
+    desired = people(spark, range(2, 9))
+    report = sink(desired, 1)
+    assert report.outcome == "committed" and report.attempts == 1
+    assert report.version == versions(target)[-1]
+    assert referenced_files_exist(target)
+    assert_equal_to(target, desired)
+    assert commit_info(target, report.version)["mvsink.attempt"]
+
+
+@pytest.mark.parametrize("damage", ["moved", "replaced_by_a_file"])
+def test_when_the_log_cannot_tell_the_staged_files_are_kept(spark, target, damage):
+    sink = MVSink(target, "unknown")
+    sink(people(spark, range(5)), 0)
+    log_dir = os.path.join(target, "_delta_log")
+    aside = target + "-log-aside"
+
+    def storage_outage() -> None:
+        shutil.move(log_dir, aside)
+        if damage == "replaced_by_a_file":
+            with open(log_dir, "w") as fh:
+                fh.write("not a directory")
+        raise OSError("timeout after the commit request was sent")
+
+    sink._after_commit_call = once(storage_outage)
+    desired = people(spark, range(3, 9))
+    on_disk = data_files_on_disk(target)
+    with pytest.raises(CommitOutcomeUnknownError) as err:
+        sink(desired, 1)
+    assert err.value.epoch == 1 and err.value.view == "unknown"
+    assert "kept" in str(err.value)
+    # Storage comes back: the commit had landed, and every file it references is still there.
+    if os.path.isfile(log_dir):
+        os.remove(log_dir)
+    shutil.move(aside, log_dir)
+    assert data_files_on_disk(target) > on_disk
+    assert referenced_files_exist(target)
+    assert_equal_to(target, desired)
+    # Spark reruns the failed batch: the log says it is written.
+    again = sink(desired, 1)
+    assert again.outcome == "replay"
+    assert_equal_to(target, desired)
+
+
+def test_two_writers_creating_the_table_at_once_conflict_cleanly(spark, target):
+    a = MVSink(target, "create", retry=RETRY_FAST)
+    b = MVSink(target, "create", retry=RETRY_FAST)
+    desired = people(spark, range(6))
+    a._before_commit = once(lambda: b(desired, 0))  # b creates the table first
+    report = a(desired, 0)
+    assert report.outcome == "replay" and report.attempts == 2
+    assert versions(target) == [0]
+    assert_equal_to(target, desired)
+    # a's staged files of the lost attempt are gone.
+    assert data_files_on_disk(target) == set(added(target, 0))
+
+
+def test_each_commit_names_its_attempt_and_dates_the_frontier(spark, target):
+    sink = MVSink(target, "dated")
+    sink(people(spark, range(3)), 0)
+    sink(people(spark, range(4)), 1)
+    attempts = {commit_info(target, v)["mvsink.attempt"] for v in versions(target)}
+    assert len(attempts) == 2 and all(len(a) >= 16 for a in attempts)
+    txns = [a["txn"] for v in versions(target) for a in log_entry(target, v) if "txn" in a]
+    assert [t["version"] for t in txns] == [1, 2]
+    assert all(isinstance(t.get("lastUpdated"), int) and t["lastUpdated"] > 0 for t in txns)
+    assert target_table(target).num_rows == 4
