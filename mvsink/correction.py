@@ -53,12 +53,24 @@ class Correction:
     retract_pos: I64
     """Persisted rows to remove, by file number (into the persisted file list) and position."""
     desired_rows: int
-    whole_copies: int
-    """Rows inserted for the ``whole`` fingerprints (their desired multiplicities summed)."""
+    whole_n: I64
+    """Desired multiplicity of each ``whole`` fingerprint: that many copies are inserted."""
+
+    @property
+    def whole_copies(self) -> int:
+        return int(self.whole_n.sum())
 
     @property
     def inserted(self) -> int:
         return int(self.whole_copies + self.part_n.sum())
+
+    def inserted_a(self) -> I64:
+        """The first fingerprint of every inserted row (copies repeated)."""
+        return np.concatenate([np.repeat(self.whole_a, self.whole_n), np.repeat(self.part_a, self.part_n)])
+
+    def inserted_b(self) -> I64:
+        """The second fingerprint of every inserted row, aligned with ``inserted_a``."""
+        return np.concatenate([np.repeat(self.whole_b, self.whole_n), np.repeat(self.part_b, self.part_n)])
 
     @property
     def retracted(self) -> int:
@@ -114,7 +126,7 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
     p_pos = persisted.pos if persisted.pos is not None else z
     n = nd + np_
     if n == 0:
-        return Correction(z, z, z, z, z, z, z, 0, 0)
+        return Correction(z, z, z, z, z, z, z, 0, z)
     a = np.concatenate([desired.a, persisted.a])
     b = np.concatenate([desired.b, persisted.b])
     order, new_run = _sorted_runs(a, b)
@@ -152,5 +164,5 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         retract_file=p_file[src_all].astype(np.int64),
         retract_pos=p_pos[src_all].astype(np.int64),
         desired_rows=nd,
-        whole_copies=int(d_count[whole].sum()),
+        whole_n=d_count[whole],
     )

@@ -69,9 +69,6 @@ class DataFile:
     num_records: int | None
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
     """Partition values as the log stores them (strings; None for null)."""
-    min_values: Mapping[str, Any] = field(default_factory=dict)
-    max_values: Mapping[str, Any] = field(default_factory=dict)
-    """Top-level column bounds from the file's statistics (absent: unknown)."""
 
     @property
     def key(self) -> str:
@@ -112,7 +109,21 @@ class Snapshot:
     """Reader and writer table features the protocol names."""
     storage_options: Mapping[str, str] = field(default_factory=dict)
     """The options the table was opened with (and commits use)."""
+    stats: pa.Table | None = field(default=None, repr=False, compare=False)
+    """The files' statistics, row-aligned with ``files``: columns ``min.<col>`` and
+    ``max.<col>`` (typed; null where unknown), as the writers of the files recorded them."""
     _table: Any = field(default=None, repr=False, compare=False)
+
+    def bounds(self, column: str) -> tuple[pa.Array, pa.Array] | None:
+        """The recorded (min, max) of top-level ``column`` per file, or None if no file has any.
+
+        Bounds are what writers recorded, which may be truncated (timestamps to milliseconds,
+        strings to a prefix): widen them before pruning on them.
+        """
+        lo, hi = f"min.{column}", f"max.{column}"
+        if self.stats is None or lo not in self.stats.column_names or hi not in self.stats.column_names:
+            return None
+        return self.stats.column(lo).combine_chunks(), self.stats.column(hi).combine_chunks()
 
     @property
     def exists(self) -> bool:
@@ -130,18 +141,19 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
     features = _check_features(dt, where)
     meta = dt.metadata()
-    actions = pa.table(dt.get_add_actions(flatten=False))
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    part_cols = [c for c in actions.column_names if c.startswith("partition.")]
+    heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
     files = tuple(
         DataFile(
             path=row["path"],
             size=int(row["size_bytes"]),
-            num_records=row.get("num_records"),
-            partition_values=_partition_strings(row.get("partition")),
-            min_values=_bounds(row.get("min")),
-            max_values=_bounds(row.get("max")),
+            num_records=row["num_records"],
+            partition_values={c.removeprefix("partition."): partition_string(row[c]) for c in part_cols},
         )
-        for row in actions.to_pylist()
+        for row in heads
     )
+    stats = actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))])
     return Snapshot(
         root=root,
         version=dt.version(),
@@ -152,15 +164,9 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         configuration={k: v for k, v in meta.configuration.items() if v is not None},
         features=features,
         storage_options=dict(storage_options),
+        stats=stats,
         _table=dt,
     )
-
-
-def _partition_strings(values: Any) -> dict[str, str | None]:
-    """delta-rs hands partition values back typed; the log (and a remove) wants strings."""
-    if not values:
-        return {}
-    return {k: partition_string(v) for k, v in values.items()}
 
 
 def partition_string(value: Any) -> str | None:
@@ -172,10 +178,6 @@ def partition_string(value: Any) -> str | None:
     if isinstance(value, datetime.date | datetime.datetime):
         return value.isoformat()
     return str(value)
-
-
-def _bounds(values: Any) -> dict[str, Any]:
-    return {k: v for k, v in (values or {}).items() if v is not None and not isinstance(v, dict)}
 
 
 def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:

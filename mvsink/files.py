@@ -4,12 +4,13 @@ Delta data files of a partitioned table do not hold their partition columns; the
 in the log. Spark's path-based partition discovery garbles escaped and non-ASCII values and
 guesses types, so the values are joined in instead, from a small broadcast table keyed by the
 file's local path (Spark's file URI, decoded; file names repeat across partition folders).
-Every row also carries the URI Spark read it from and its position in that file: the address
-a retraction uses.
+Every row also carries the number of its file (its index in the list read) and its position
+in that file: the address a retraction uses, 12 bytes instead of a path.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -20,9 +21,11 @@ from pyspark.sql.types import StructType
 
 from mvsink.fingerprint import quote
 
-URI = "__mvsink_uri"
+FILE = "__mvsink_file"
 POS = "__mvsink_pos"
 _LOCAL = "__mvsink_local_path"
+# Characters Hadoop's path globbing interprets; a backslash makes them literal.
+_GLOB = re.compile(r"([\\\[\]{}*?])")
 
 
 @dataclass(frozen=True)
@@ -42,26 +45,35 @@ def local_path(uri: Column) -> Column:
     return F.url_decode(F.regexp_replace(path, r"\+", "%2B"))
 
 
+def literal_path(path: str) -> str:
+    """``path`` escaped so that Spark's reader takes it literally, not as a glob pattern."""
+    return _GLOB.sub(r"\\\1", path)
+
+
 def read_files(
     spark: SparkSession, schema: StructType, partition_by: Sequence[str], files: Sequence[LocalFile]
 ) -> DataFrame:
-    """Rows of ``files`` in the table's columns, plus ``URI`` and ``POS`` (row index in file)."""
+    """Rows of ``files`` in the table's columns, plus ``FILE`` (the file's index in ``files``)
+    and ``POS`` (the row's index in its file)."""
     parts = set(partition_by)
     data_schema = StructType([f for f in schema.fields if f.name not in parts])
     meta = F.col("_metadata")
     rows = (
         spark.read.schema(data_schema)
-        .parquet(*[f.path for f in files])
-        .select("*", meta.getField("file_path").alias(URI), meta.getField("row_index").alias(POS))
-    )
-    if parts:
-        values: dict[str, list[str | None]] = {_LOCAL: [f.path for f in files]}
-        for col in partition_by:
-            values[col] = [f.partition_values.get(col) for f in files]
-        table = pa.table({k: pa.array(v, pa.string()) for k, v in values.items()})
-        types = {f.name: f.dataType for f in schema.fields}
-        by_path = spark.createDataFrame(table).select(
-            F.col(_LOCAL), *[F.col(quote(c)).cast(types[c]).alias(c) for c in partition_by]
+        .parquet(*[literal_path(f.path) for f in files])
+        .select(
+            "*", local_path(meta.getField("file_path")).alias(_LOCAL), meta.getField("row_index").alias(POS)
         )
-        rows = rows.withColumn(_LOCAL, local_path(F.col(URI))).join(F.broadcast(by_path), _LOCAL)
-    return rows.select(*[F.col(quote(c)) for c in schema.names], F.col(URI), F.col(POS))
+    )
+    values: dict[str, pa.Array] = {
+        _LOCAL: pa.array([f.path for f in files], pa.string()),
+        FILE: pa.array(range(len(files)), pa.int32()),
+    }
+    for col in partition_by:
+        values[col] = pa.array([f.partition_values.get(col) for f in files], pa.string())
+    types = {f.name: f.dataType for f in schema.fields}
+    by_path = spark.createDataFrame(pa.table(values)).select(
+        F.col(_LOCAL), F.col(FILE), *[F.col(quote(c)).cast(types[c]).alias(c) for c in partition_by]
+    )
+    rows = rows.join(F.broadcast(by_path), _LOCAL)
+    return rows.select(*[F.col(quote(c)) for c in schema.names], F.col(FILE), F.col(POS))

@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import InvariantViolation, Where
-from mvsink.files import POS, URI, LocalFile, read_files
+from mvsink.files import FILE, POS, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns
 
 log = logging.getLogger(__name__)
@@ -31,9 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FileEntry:
-    """Fingerprints of one file's rows in row order, and the URI Spark reads it under."""
+    """Fingerprints of one file's rows, in row order."""
 
-    uri: str | None
     a: I64
     b: I64
 
@@ -47,53 +44,27 @@ def fingerprint_files(
     partition_by: Sequence[str],
     files: Sequence[LocalFile],
     where: Where,
-) -> dict[str, FileEntry]:
-    """Fingerprint every row of the listed local files in one Spark job, keyed by path."""
+) -> list[FileEntry]:
+    """Fingerprint every row of the listed local files in one Spark job; entries in file order."""
     if not files:
-        return {}
-    paths = [f.path for f in files]
+        return []
     a, b = fingerprint_columns(schema)
-    # The path string goes to the driver once per file (on row 0), not once per row.
-    table = (
-        read_files(spark, schema, partition_by, files)
-        .select(
-            F.when(F.col(POS) == 0, F.col(URI)).alias("uri"),
-            F.xxhash64(URI).alias("h"),
-            F.col(POS).alias("i"),
-            a,
-            b,
-        )
-        .toArrow()
-    )
-    h = table.column("h").to_numpy()
-    i = table.column("i").to_numpy()
-    fa = table.column(FP_A).to_numpy()
-    fb = table.column(FP_B).to_numpy()
-    uris = table.column("uri")
-    first = np.flatnonzero(uris.is_valid().to_numpy(zero_copy_only=False))
-    by_hash = {int(h[k]): str(uris[int(k)]) for k in first}
-    order = np.lexsort((i, h))
-    h, i, fa, fb = h[order], i[order], fa[order], fb[order]
-    bounds = np.flatnonzero(np.diff(h)) + 1
-    wanted = {_normal(p): p for p in paths}
-    out: dict[str, FileEntry] = {}
-    for chunk in np.split(np.arange(len(h)), bounds) if len(h) else []:
-        uri = by_hash.get(int(h[chunk[0]]))
-        if uri is None or not np.array_equal(i[chunk], np.arange(len(chunk))):
-            raise InvariantViolation(f"row positions of a file read back with gaps ({uri})", where)
-        path = wanted.get(_normal(uri))
-        if path is None:
-            raise InvariantViolation(f"Spark read a file that was not asked for: {uri}", where)
-        out[path] = FileEntry(uri, fa[chunk].copy(), fb[chunk].copy())
-    empty = np.zeros(0, dtype=np.int64)
-    for p in paths:
-        out.setdefault(p, FileEntry(None, empty, empty))
+    table = read_files(spark, schema, partition_by, files).select(FILE, POS, a, b).toArrow()
+    f = table.column(FILE).to_numpy()
+    i = table.column(POS).to_numpy()
+    order = np.lexsort((i, f))
+    f, i = f[order], i[order]
+    fa = table.column(FP_A).to_numpy()[order]
+    fb = table.column(FP_B).to_numpy()[order]
+    counts = np.bincount(f, minlength=len(files))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    out = []
+    for k, located in enumerate(files):
+        lo, hi = starts[k], starts[k + 1]
+        if not np.array_equal(i[lo:hi], np.arange(hi - lo)):
+            raise InvariantViolation(f"row positions of {located.path} read back with gaps", where)
+        out.append(FileEntry(fa[lo:hi].copy(), fb[lo:hi].copy()))
     return out
-
-
-def _normal(path_or_uri: str) -> str:
-    parsed = urlparse(path_or_uri)
-    return unquote(parsed.path) if parsed.scheme else path_or_uri
 
 
 class PersistedIndex:
@@ -121,11 +92,9 @@ class PersistedIndex:
         if not missing:
             return 0
         log.info("%s: indexing %d file(s) not seen before", where, len(missing))
-        local = {f.local_path(snap.root): f for f in missing}
-        located = [LocalFile(p, f.partition_values) for p, f in local.items()]
+        located = [LocalFile(f.local_path(snap.root), f.partition_values) for f in missing]
         entries = fingerprint_files(spark, schema, snap.partition_by, located, where)
-        for path, entry in entries.items():
-            f = local[path]
+        for f, entry in zip(missing, entries, strict=True):
             if f.num_records is not None and f.num_records != len(entry):
                 raise InvariantViolation(
                     f"{f.path} holds {len(entry)} rows but the Delta log says {f.num_records}", where

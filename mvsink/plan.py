@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from mvsink.correction import Correction
+from mvsink.correction import I64, Correction
 from mvsink.delta import Snapshot
 from mvsink.fingerprint import quote
 from mvsink.index import PersistedIndex
@@ -27,8 +28,9 @@ class Plan:
     inserts: DataFrame | None
     inserted: int | None
     rewrites: tuple[Rewrite, ...]
-    index_staged: bool
-    """Whether the staged files' fingerprints are read back for the index (complete mode)."""
+    expected: tuple[I64, I64] | None = None
+    """Complete mode: the fingerprints the staged files must hold (kept + inserted); the staged
+    files are read back, checked against them and indexed."""
     files_read: int = 0
     """Data files of the snapshot read back to make this plan (upsert mode)."""
 
@@ -47,15 +49,20 @@ def plan_complete(
 ) -> Plan:
     """Insert what desired has more of, rewrite every file holding a row it has less of."""
     rewrites = []
+    kept_a, kept_b = [corr.inserted_a()], [corr.inserted_b()]
     for k, drop in sorted(corr.retracted_positions().items()):
         f = snap.files[k]
         entry = index.entry(f.key)
-        assert entry.uri is not None  # a file holding a row to retract has been read by Spark
-        rewrites.append(Rewrite(f, f.local_path(snap.root), entry.uri, len(entry), drop))
+        rewrites.append(Rewrite(f, f.local_path(snap.root), len(entry), drop))
+        keep = np.ones(len(entry), dtype=bool)
+        keep[drop] = False
+        kept_a.append(entry.a[keep])
+        kept_b.append(entry.b[keep])
     inserts = inserted_rows(spark, desired, corr, schema.names)
-    return Plan(inserts, corr.inserted, tuple(rewrites), index_staged=True)
+    expected = (np.concatenate(kept_a), np.concatenate(kept_b))
+    return Plan(inserts, corr.inserted, tuple(rewrites), expected=expected)
 
 
 def plan_append(batch: DataFrame, schema: StructType) -> Plan:
     """Every row of the batch is added; nothing is read back or rewritten."""
-    return Plan(batch.select(*[F.col(quote(c)) for c in schema.names]), None, (), index_staged=False)
+    return Plan(batch.select(*[F.col(quote(c)) for c in schema.names]), None, ())

@@ -71,6 +71,7 @@ from mvsink.index import PersistedIndex
 from mvsink.mint import BatchDescription, mint
 from mvsink.plan import Plan, plan_append, plan_complete
 from mvsink.report import EpochReport
+from mvsink.rules import RULE, Rules, check_rows, raise_broken, table_rules
 from mvsink.schema import (
     check_fits,
     check_roles,
@@ -79,7 +80,7 @@ from mvsink.schema import (
     target_schema_json,
     target_struct,
 )
-from mvsink.upsert import UpsertSpec, plan_upsert, prepare
+from mvsink.upsert import UpsertSpec, plan_upsert, prepare, stored_rows
 from mvsink.write import Staged, discard_folder, stage
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class _Epoch:
         self.partitions_checked = False
         self.batch_ran = False
         """Whether a Spark job has run every partition of the micro-batch this epoch."""
+        self.checked_rules: Rules | None = None
+        """The target rules the batch's rows were last found to keep."""
         self.files_read = 0
         self.phases: dict[str, float] = {}
 
@@ -230,7 +233,7 @@ class _Epoch:
                     epoch=self.epoch,
                     max_rows_per_file=opts.max_rows_per_file,
                     cluster_by=opts.cluster_by,
-                    index_staged=plan.index_staged,
+                    expected=plan.expected,
                     where=self.where,
                 )
                 self.batch_ran = True
@@ -272,7 +275,7 @@ class _Epoch:
             except CommitOutcomeUnknownError:
                 # The commit may have landed: its files may be referenced. Keep them (I4).
                 raise
-            if plan.index_staged:
+            if plan.expected is not None:
                 # Keep the index equal to the new version's files (the snapshot's, less removes,
                 # plus ours) so the next epoch reads nothing back.
                 self.sink._index.forget(f.key for f in staged.removes)
@@ -340,13 +343,16 @@ class _Epoch:
 
     def _plan(self, snap: Snapshot, schema_json: str, partition_by: tuple[str, ...]) -> Plan:
         schema = target_struct(schema_json)
+        rules = table_rules(snap, self.where)
         mode = self.opts.mode
         if mode == "append":
             if not self._text_partitions(partition_by):
+                self._enforce(self.raw, rules)
                 return plan_append(self.raw, schema)
             if self.desired is None:
                 self.desired = self.raw.persist(StorageLevel.MEMORY_AND_DISK)
             self._check_partition_values(self.desired, partition_by)
+            self._enforce(self.desired, rules)
             return plan_append(self.desired, schema)
         if mode == "upsert":
             spec = UpsertSpec(self.opts.key, self.opts.delete_column, self.opts.sequence_column)
@@ -354,12 +360,14 @@ class _Epoch:
                 if self.ranked is None:
                     self.ranked = prepare(self.raw, schema, spec, self.where)
                 self._check_partition_values(self.ranked, partition_by)
+                self._enforce(stored_rows(self.ranked, schema), rules)
             with self._phase("read back"):
                 plan = plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
             self.batch_ran = True  # the touched keys were collected from the whole batch
             self.files_read += plan.files_read
             return plan
-        corr = self._correction(snap, schema_json)
+        corr = self._correction(snap, schema_json, rules)
+        self._enforce(self._desired(schema_json).select(*[F.col(quote(c)) for c in schema.names]), rules)
         self._check_partition_values(self._desired(schema_json), partition_by)
         return plan_complete(self.spark, self._desired(schema_json), corr, snap, self.sink._index, schema)
 
@@ -384,16 +392,34 @@ class _Epoch:
                 self.desired = self.desired.persist(StorageLevel.MEMORY_AND_DISK)
         return self.desired
 
-    def _correction(self, snap: Snapshot, schema_json: str) -> Correction:
+    def _enforce(self, rows: DataFrame, rules: Rules) -> None:
+        """Refuse rows that break the target's rules (``rules.py``), unless already checked."""
+        if rules and rules != self.checked_rules:
+            with self._phase("rules"):
+                check_rows(rows, rules, self.where)
+        self.checked_rules = rules
+
+    def _correction(self, snap: Snapshot, schema_json: str, rules: Rules) -> Correction:
         with self._phase("index"):
             schema = target_struct(schema_json)
             self.files_read += self.sink._index.sync(self.spark, snap, schema, self.where)
         if self.fingerprints is None:
-            # Desired does not change between attempts: fingerprint it once per epoch.
+            # Desired does not change between attempts: fingerprint it once per epoch, checking
+            # the target's rules in the same job.
             with self._phase("fingerprint"):
-                table = self._desired(schema_json).select(FP_A, FP_B).toArrow()
+                desired = self._desired(schema_json)
+                table = desired.select(FP_A, FP_B, rules.broken()).toArrow()
                 self.fingerprints = Fingerprints(table.column(FP_A).to_numpy(), table.column(FP_B).to_numpy())
                 self.batch_ran = True
+                broken = table.column(RULE).drop_null()
+                if len(broken):
+                    raise_broken(
+                        desired.select(*[F.col(quote(c)) for c in schema.names]),
+                        rules,
+                        broken[0].as_py(),
+                        self.where,
+                    )
+                self.checked_rules = rules
         with self._phase("diff"):
             return diff(self.fingerprints, self.sink._index.persisted(snap.files))
 

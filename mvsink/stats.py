@@ -60,7 +60,12 @@ def _bound(raw: Any, t: pa.DataType, up: bool) -> Any:
         return (_EPOCH.date() + dt.timedelta(days=int(raw))).isoformat()
     if pa.types.is_timestamp(t):
         ms, _ = _ms(int(raw), t.unit, up)
-        stamp = (_EPOCH + dt.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+        try:
+            stamp = (_EPOCH + dt.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+        except OverflowError:
+            # The max of 9999-12-31 23:59:59.999999 rounds up past the last representable
+            # millisecond: no bound is better than a wrong one.
+            return None
         return stamp + "Z" if t.tz is not None else stamp
     return None
 

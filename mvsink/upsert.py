@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -30,16 +28,19 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from mvsink.correction import I64
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import DuplicateKeyError, InputError, Where
-from mvsink.files import POS, URI, LocalFile, read_files
+from mvsink.files import FILE, POS, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
 from mvsink.plan import Plan
+from mvsink.prune import candidate_files
 from mvsink.write import Rewrite, keys_frame
 
 DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
+_TI = "__mvsink_touched"
 _BROADCAST_KEYS = 1_000_000  # above this many touched keys, let Spark pick the join
 
 
@@ -68,9 +69,8 @@ def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame
     keys = [F.col(quote(k)) for k in spec.key]
     seq = F.col(quote(spec.sequence_column)) if spec.sequence_column else None
     w = Window.partitionBy(*keys).orderBy(seq.desc() if seq is not None else F.lit(1))
-    deleted = (
-        F.coalesce(F.col(quote(spec.delete_column)), F.lit(False)) if spec.delete_column else F.lit(False)
-    )
+    # A null marker is refused by _check; it is never read as "not deleted".
+    deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
     a, b = fingerprint_columns(schema)
     return batch.select(
         *[F.col(quote(c)) for c in schema.names],
@@ -82,16 +82,28 @@ def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame
     )
 
 
+def stored_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
+    """The rows of a prepared batch that the target would hold: each key's winner, unless a
+    delete."""
+    return ranked.where((F.col(_RN) == 1) & ~F.col(DEL)).select(*[F.col(quote(c)) for c in schema.names])
+
+
 def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
     """One Spark job finding null keys, null sequences and duplicate keys."""
     null_key = F.lit(False)
     for k in spec.key:
         null_key = null_key | F.col(quote(k)).isNull()
     null_seq = F.col(quote(spec.sequence_column)).isNull() if spec.sequence_column else F.lit(False)
+    null_del = F.col(DEL).isNull()
     dup = (F.col(_RN) == 2) & (F.col(_RK) == 1)
-    kind = F.when(null_key, "null key").when(null_seq, "null sequence").otherwise("duplicate")
+    kind = (
+        F.when(null_key, "null key")
+        .when(null_seq, "null sequence")
+        .when(null_del, "null delete marker")
+        .otherwise("duplicate")
+    )
     found = (
-        ranked.where(null_key | null_seq | dup)
+        ranked.where(null_key | null_seq | null_del | dup)
         .select(kind.alias("kind"), *[F.col(quote(k)) for k in spec.key])
         .limit(20)
         .collect()
@@ -103,43 +115,21 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
         )
     if "null sequence" in kinds:
         raise InputError(f"a row has a null sequence ({spec.sequence_column})", where)
-    if found:
-        shown = ", ".join(str(tuple(r[k] for k in spec.key)) for r in found[:5])
+    if "null delete marker" in kinds:
+        raise InputError(
+            f"a row has a null delete marker ({spec.delete_column}); say true or false, so that a "
+            "delete is never taken for an update",
+            where,
+        )
+    duplicates = [r for r in found if r["kind"] == "duplicate"]
+    if duplicates:
+        shown = ", ".join(str(tuple(r[k] for k in spec.key)) for r in duplicates[:5])
         why = (
             f"with the same highest {spec.sequence_column}"
             if spec.sequence_column
             else "and no sequence_column to order them"
         )
         raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
-
-
-def candidate_files(
-    files: Sequence[DataFile], touched: pa.Table, key: Sequence[str], partition_by: Sequence[str]
-) -> list[DataFile]:
-    """The files whose partition values and key bounds can hold one of the touched keys."""
-    # Delta stores partition values as strings, formatted as casting the key to string does.
-    as_string = {k: pc.cast(touched.column(k), pa.string()) for k in key if k in partition_by}
-    out = []
-    for f in files:
-        mask: Any = None
-        for k in key:
-            col = touched.column(k)
-            if k in partition_by:
-                pv = f.partition_values.get(k)
-                m = pc.is_null(as_string[k]) if pv is None else pc.equal(as_string[k], pv)
-            elif k in f.min_values and k in f.max_values:
-                try:
-                    lo = pa.scalar(f.min_values[k], col.type)
-                    hi = pa.scalar(f.max_values[k], col.type)
-                    m = pc.and_(pc.greater_equal(col, lo), pc.less_equal(col, hi))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
-                    continue  # bounds we cannot compare prune nothing
-            else:
-                continue
-            mask = m if mask is None else pc.and_(mask, m)
-        if mask is None or pc.any(mask).as_py():
-            out.append(f)
-    return out
 
 
 def plan_upsert(
@@ -151,32 +141,34 @@ def plan_upsert(
     cols = [F.col(quote(c)) for c in schema.names]
     if not snap.files:
         n = live.count()
-        return Plan(live.select(*cols) if n else None, n, (), False)
+        return Plan(live.select(*cols) if n else None, n, ())
 
     key_cols = [quote(k) for k in spec.key]
     seq_cols = [quote(spec.sequence_column)] if spec.sequence_column else []
     touched = latest.select(*key_cols, *seq_cols, DEL, FP_A, FP_B).toArrow()
-    files = candidate_files(snap.files, touched, spec.key, snap.partition_by)
+    files = [snap.files[i] for i in candidate_files(snap, touched, spec.key)]
     stored = _stored_rows(spark, latest, schema, spec, snap, files, len(touched))
-    insert_fp, drops = _decide(touched, stored, spec)
+    insert_a, insert_b, drop_file, drop_pos = _decide(touched, stored, spec)
 
-    by_local = {f.local_path(snap.root): f for f in files}
     rewrites = []
-    for uri, positions in sorted(drops.items()):
-        local = unquote(urlparse(uri).path)
-        f = by_local[local]
-        rows = f.num_records if f.num_records is not None else pq.read_metadata(local).num_rows
-        rewrites.append(Rewrite(f, local, uri, rows, np.array(sorted(positions), dtype=np.int64)))
+    if len(drop_file):
+        order = np.lexsort((drop_pos, drop_file))
+        drop_file, drop_pos = drop_file[order], drop_pos[order]
+        bounds = np.flatnonzero(np.diff(drop_file)) + 1
+        for numbers, positions in zip(np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True):
+            f = files[int(numbers[0])]
+            local = f.local_path(snap.root)
+            rows = f.num_records if f.num_records is not None else pq.read_metadata(local).num_rows
+            rewrites.append(Rewrite(f, local, rows, positions.astype(np.int64)))
     n_live = len(touched) - int(pc.sum(touched.column(DEL)).as_py() or 0)
-    if not insert_fp:
+    if not len(insert_a):
         inserts = None
-    elif len(insert_fp) == n_live:
+    elif len(insert_a) == n_live:
         inserts = live.select(*cols)
     else:
-        a = np.array([p[0] for p in insert_fp], dtype=np.int64)
-        b = np.array([p[1] for p in insert_fp], dtype=np.int64)
-        inserts = live.join(keys_frame(spark, **{FP_A: a, FP_B: b}), [FP_A, FP_B], "left_semi").select(*cols)
-    return Plan(inserts, len(insert_fp), tuple(rewrites), False, files_read=len(files))
+        keys = keys_frame(spark, **{FP_A: insert_a, FP_B: insert_b})
+        inserts = live.join(keys, [FP_A, FP_B], "left_semi").select(*cols)
+    return Plan(inserts, len(insert_a), tuple(rewrites), files_read=len(files))
 
 
 def _stored_rows(
@@ -200,56 +192,57 @@ def _stored_rows(
     seq_cols = [quote(spec.sequence_column)] if spec.sequence_column else []
     return (
         rows.join(keys, list(spec.key), "left_semi")
-        .select(*[quote(k) for k in spec.key], *seq_cols, URI, POS, a, b)
+        .select(*[quote(k) for k in spec.key], *seq_cols, FILE, POS, a, b)
         .toArrow()
     )
 
 
-def _decide(
-    touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec
-) -> tuple[list[tuple[int, int]], dict[str, list[int]]]:
-    """Per touched key: which batch rows to insert (by fingerprint) and which stored rows to drop."""
-    keys = list(zip(*[touched.column(k).to_pylist() for k in spec.key], strict=True))
-    seq = touched.column(spec.sequence_column).to_pylist() if spec.sequence_column else None
-    deleted = touched.column(DEL).to_pylist()
-    fa = touched.column(FP_A).to_pylist()
-    fb = touched.column(FP_B).to_pylist()
-    held: dict[tuple[Any, ...], list[tuple[Any, str, int, tuple[int, int]]]] = {}
-    if stored is not None and stored.num_rows:
-        s_keys = zip(*[stored.column(k).to_pylist() for k in spec.key], strict=True)
-        s_seq = (
-            stored.column(spec.sequence_column).to_pylist()
-            if spec.sequence_column
-            else [None] * stored.num_rows
-        )
-        for k, sq, uri, pos, a, b in zip(
-            s_keys,
-            s_seq,
-            stored.column(URI).to_pylist(),
-            stored.column(POS).to_pylist(),
-            stored.column(FP_A).to_pylist(),
-            stored.column(FP_B).to_pylist(),
-            strict=True,
-        ):
-            held.setdefault(k, []).append((sq, uri, pos, (a, b)))
-    inserts: list[tuple[int, int]] = []
-    drops: dict[str, list[int]] = {}
-    for i, k in enumerate(keys):
-        rows = sorted(held.get(k, []), key=lambda r: (r[1], r[2]))
-        want: tuple[int, int] | None = None if deleted[i] else (fa[i], fb[i])
-        from_batch = True
-        if seq is not None and rows:
-            newest = max(rows, key=lambda r: r[0])
-            if newest[0] is not None and newest[0] > seq[i]:
-                # The target already holds a newer event for this key: an older one must not
-                # roll it back. Keep the newest stored row.
-                want, from_batch = newest[3], False
-        kept = False
-        for _seq, uri, pos, fp in rows:
-            if not kept and want is not None and fp == want:
-                kept = True
-                continue
-            drops.setdefault(uri, []).append(pos)
-        if want is not None and not kept and from_batch:
-            inserts.append(want)
-    return inserts, drops
+def _decide(touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec) -> tuple[I64, I64, I64, I64]:
+    """Per touched key (rule 3 of the module doc), vectorised: the fingerprints of the batch
+    rows to insert, and the stored rows to drop as (file number, position)."""
+    n = touched.num_rows
+    want_a = touched.column(FP_A).to_numpy().copy()
+    want_b = touched.column(FP_B).to_numpy().copy()
+    want = ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
+    from_batch = np.ones(n, dtype=bool)
+    if stored is None or stored.num_rows == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return want_a[want], want_b[want], z, z
+    # Tie each stored row to its touched key, then order rows by key, file and position: the
+    # earliest stored copy equal to the wanted row is the one kept.
+    index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
+    rows = stored.join(index, list(spec.key), join_type="inner")
+    rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
+    ti = rows.column(_TI).to_numpy()
+    sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
+    if spec.sequence_column:
+        # A stored row newer than the batch's for its key stays (an old event never rolls a
+        # key back). Rows with a null sequence are older than any.
+        seq = spec.sequence_column
+        by_seq = pc.sort_indices(
+            rows,
+            [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
+        ).to_numpy()
+        newest = by_seq[starts]  # per key present in stored, its newest stored row
+        keys_of = ti[starts]
+        newer = pc.fill_null(
+            pc.greater(rows.column(seq).take(pa.array(newest)), touched.column(seq).take(pa.array(keys_of))),
+            False,
+        ).to_numpy(zero_copy_only=False)
+        k, r = keys_of[newer], newest[newer]
+        want_a[k], want_b[k], want[k], from_batch[k] = sa[r], sb[r], True, False
+    match = want[ti] & (sa == want_a[ti]) & (sb == want_b[ti])
+    seen = np.cumsum(match)
+    before_group = np.repeat(seen[starts] - match[starts], np.diff(np.append(starts, len(ti))))
+    kept = match & (seen - before_group == 1)
+    has_kept = np.zeros(n, dtype=bool)
+    has_kept[ti[kept]] = True
+    insert = want & from_batch & ~has_kept
+    drop = pa.array(~kept)
+    return (
+        want_a[insert],
+        want_b[insert],
+        rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
+        rows.column(POS).filter(drop).to_numpy(),
+    )

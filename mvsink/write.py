@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 from mvsink.correction import I64, Correction
 from mvsink.delta import DataFile, NewFile
 from mvsink.errors import InvariantViolation, Where
-from mvsink.files import POS, URI, LocalFile, read_files
+from mvsink.files import FILE, POS, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, quote
 from mvsink.index import FileEntry, fingerprint_files
 from mvsink.stats import file_stats
@@ -39,6 +39,8 @@ _WRITE_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "snappy",
 }
+# Above this many rows a driver-built table is joined as Spark sees fit, not broadcast.
+BROADCAST_ROWS = 1_000_000
 # How Spark names the folder of a null (or empty string) partition value.
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -49,10 +51,9 @@ class Rewrite:
 
     file: DataFile
     local: str
-    uri: str
-    """The file as Spark names it (``_metadata.file_path``)."""
     rows: int
     drop: I64
+    """Positions (row indices) to drop, sorted."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,10 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
 
 
 def keys_frame(spark: SparkSession, **columns: np.ndarray | pa.Array) -> DataFrame:
-    """A small broadcast table from driver arrays (Arrow: tuples would cost seconds)."""
-    return F.broadcast(spark.createDataFrame(pa.table({k: pa.array(v) for k, v in columns.items()})))
+    """A table from driver arrays (Arrow: tuples would cost seconds), broadcast when small."""
+    table = pa.table({k: pa.array(v) for k, v in columns.items()})
+    frame = spark.createDataFrame(table)
+    return F.broadcast(frame) if table.num_rows <= BROADCAST_ROWS else frame
 
 
 def inserted_rows(
@@ -126,11 +129,11 @@ def kept_rows(
     """The rows of every rewritten file, without the retracted positions."""
     if not rewrites:
         return None
-    uris = np.concatenate([np.full(len(r.drop), r.uri, dtype=object) for r in rewrites]).astype(str)
-    drops = keys_frame(spark, **{URI: uris, POS: np.concatenate([r.drop for r in rewrites])})
+    numbers = np.repeat(np.arange(len(rewrites), dtype=np.int32), [len(r.drop) for r in rewrites])
+    drops = keys_frame(spark, **{FILE: numbers, POS: np.concatenate([r.drop for r in rewrites])})
     files = [LocalFile(r.local, r.file.partition_values) for r in rewrites]
     rows = read_files(spark, schema, partition_by, files)
-    return rows.join(drops, [URI, POS], "left_anti").select(*[F.col(quote(c)) for c in schema.names])
+    return rows.join(drops, [FILE, POS], "left_anti").select(*[F.col(quote(c)) for c in schema.names])
 
 
 def stage(
@@ -146,13 +149,16 @@ def stage(
     epoch: int,
     max_rows_per_file: int,
     cluster_by: Sequence[str],
-    index_staged: bool,
+    expected: tuple[I64, I64] | None,
     where: Where,
 ) -> Staged:
     """Write inserts and rewrites as new files; nothing becomes visible (see the module doc).
 
     ``inserted`` is the number of rows ``inserts`` holds, checked against what was written;
-    None when it is not known in advance (append mode), and then not checked.
+    None when it is not known in advance (append mode), and then not checked. ``expected``
+    (complete mode): the fingerprints the staged rows must have, as a multiset (kept rows of
+    rewritten files plus inserted rows); the staged files are then fingerprinted, checked
+    against it, and their entries returned for the index.
     """
     retracted = sum(len(r.drop) for r in rewrites)
     if inserts is None and not rewrites:
@@ -167,7 +173,9 @@ def stage(
             spread = inserts.repartition(1) if n_files == 1 else inserts.repartitionByRange(n_files, *keys)
             inserts = spread.sortWithinPartitions(*keys)
         elif inserted is not None:
-            inserts = inserts.coalesce(max(1, math.ceil(inserted / max_rows_per_file)))
+            # A shuffle of the inserted rows only; coalesce would pull the whole upstream plan
+            # (a semi-join over all of desired) into as few tasks as files.
+            inserts = inserts.repartition(max(1, math.ceil(inserted / max_rows_per_file)))
     kept = kept_rows(spark, schema, partition_by, rewrites)
     frames = [f for f in (kept, inserts) if f is not None]
     out = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
@@ -195,26 +203,44 @@ def stage(
             adds.append(NewFile(rel, os.path.getsize(path), n, stats, _partition_values(rel, partition_by)))
             paths.append(path)
         entries: tuple[FileEntry, ...] = ()
-        if index_staged:
+        if expected is not None:
             located = [LocalFile(p, a.partition_values) for p, a in zip(paths, adds, strict=True)]
-            found = fingerprint_files(spark, schema, partition_by, located, where)
-            entries = tuple(found[p] for p in paths)
+            entries = tuple(fingerprint_files(spark, schema, partition_by, located, where))
         kept_count = sum(r.rows for r in rewrites) - retracted
         written = sum(f.num_records for f in adds)
-        expected = None if inserted is None else kept_count + inserted
-        if (expected is not None and written != expected) or written < kept_count:
+        needed = None if inserted is None else kept_count + inserted
+        if (needed is not None and written != needed) or written < kept_count:
             raise InvariantViolation(
-                f"staged {written} rows where the correction needs {expected} "
+                f"staged {written} rows where the correction needs {needed} "
                 f"({kept_count} kept from rewritten files + {inserted} inserted)",
                 where,
             )
         if any(len(e) != f.num_records for e, f in zip(entries, adds, strict=False)):
             raise InvariantViolation("staged files read back with other row counts", where)
+        if expected is not None:
+            _check_content(entries, expected, where)
     except BaseException:
         discard_folder(folder)
         raise
     removes = tuple(r.file for r in rewrites)
     return Staged(folder, tuple(adds), entries, removes, written - kept_count, retracted)
+
+
+def _check_content(entries: Sequence[FileEntry], expected: tuple[I64, I64], where: Where) -> None:
+    """Staged rows must be exactly the expected multiset; equal counts are not enough (desired
+    evaluated twice may yield other rows of the same number)."""
+    z = np.zeros(0, dtype=np.int64)
+    got = (np.concatenate([z, *[e.a for e in entries]]), np.concatenate([z, *[e.b for e in entries]]))
+    if len(got[0]) == len(expected[0]):
+        g, w = np.lexsort((got[1], got[0])), np.lexsort((expected[1], expected[0]))
+        if np.array_equal(got[0][g], expected[0][w]) and np.array_equal(got[1][g], expected[1][w]):
+            return
+    raise InvariantViolation(
+        "the staged rows differ from the correction (kept rows of rewritten files plus inserted "
+        "rows) although the counts may agree: desired changed between its evaluations. Make "
+        "desired deterministic, or leave cache_desired on. Nothing was committed.",
+        where,
+    )
 
 
 def _partition_values(rel: str, partition_by: Sequence[str]) -> Mapping[str, str | None]:
@@ -223,7 +249,8 @@ def _partition_values(rel: str, partition_by: Sequence[str]) -> Mapping[str, str
         return {}
     found: dict[str, str | None] = {}
     for part in rel.split(os.sep)[:-1]:
-        name, eq, raw = part.partition("=")
+        escaped, eq, raw = part.partition("=")
+        name = unquote(escaped)  # Spark escapes the column name as it escapes the value
         if eq and name in partition_by:
             found[name] = None if raw == _NULL_PARTITION else unquote(raw)
     if set(found) != set(partition_by):

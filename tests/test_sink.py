@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -18,6 +19,7 @@ from tests.helpers import (
     commit_info,
     data_files_on_disk,
     live_files,
+    log_entry,
     multiset,
     removed,
     spark_read_listed,
@@ -277,3 +279,44 @@ def test_a_nondeterministic_desired_without_the_cache_fails_and_commits_nothing(
     shaky = shaky.cache()
     cached(shaky, 1)
     assert_equal_to(target, shaky)
+
+
+def test_a_desired_that_changes_between_evaluations_is_caught_by_content(spark, target):
+    from pyspark.sql import functions as F
+
+    from mvsink import InvariantViolation
+
+    sink = MVSink(target, "shaky", cache_desired=False)
+    # Every row changes between the two evaluations; the count does not.
+    now = F.unix_micros(F.current_timestamp()).cast("double")
+    shaky = people(spark, range(10)).withColumn("x", now)
+    with pytest.raises(InvariantViolation, match="differ from the correction"):
+        sink(shaky, 0)
+    assert not os.path.exists(os.path.join(target, "_delta_log"))
+    assert data_files_on_disk(target) == set()
+
+
+def test_a_target_path_with_glob_characters(spark, tmp_path):
+    target = str(tmp_path / "v[1]{a,b}*?")
+    sink = MVSink(target, "glob", max_rows_per_file=3)
+    sink(people(spark, range(10)), 0)
+    desired = people(spark, [*range(2, 8), 20])
+    report = sink(desired, 1)
+    assert report.files_removed > 0  # rewritten files were read back by Spark under that path
+    assert_equal_to(target, desired)
+
+
+def test_timestamps_at_the_end_of_time_keep_the_stream_going(spark, target):
+    import datetime as dt
+
+    end = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
+    rows = [(1, dt.datetime(2024, 1, 1)), (2, end), (3, None)]
+    desired = spark.createDataFrame(rows, "id long, valid_until timestamp")
+    sink = MVSink(target, "history")
+    sink(desired, 0)
+    assert_equal_to(target, desired)
+    stats = json.loads(next(a["add"]["stats"] for a in log_entry(target, 0) if "add" in a))
+    assert "valid_until" not in stats["maxValues"]  # no bound rather than a wrong one
+    assert stats["maxValues"]["id"] == 3
+    again = sink(desired, 1)
+    assert (again.inserted, again.retracted) == (0, 0)

@@ -155,3 +155,22 @@ def test_a_job_file_runs_under_spark_submit(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert frontier(str(target), "revenue") is not None
+
+
+def test_a_read_only_append_sink_runs_a_stateful_batch_without_writing(spark, tmp_path, target):
+    source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 5)])
+    orders = spark.readStream.schema("product string, amount long").csv(source)
+    standby = MVSink(target, "dedup", mode="append", read_only=True)
+    query = (
+        orders.dropDuplicates(["product", "amount"])  # stateful: every partition must run
+        .writeStream.outputMode("append")
+        .foreachBatch(standby)
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert standby.last_report is not None and standby.last_report.outcome == "read_only"
+    assert not os.path.exists(target)

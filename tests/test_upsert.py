@@ -42,7 +42,7 @@ def test_a_delete_marker_removes_its_key_and_is_not_stored(spark, target):
     assert target_table(target).column_names == ["id", "name", "amount"]
     sink(
         spark.createDataFrame(
-            [(1, None, None, True), (9, "nine", 9.0, None), (7, "x", 1.0, True)], WITH_DELETE
+            [(1, None, None, True), (9, "nine", 9.0, False), (7, "x", 1.0, True)], WITH_DELETE
         ),
         1,
     )
@@ -160,3 +160,24 @@ def test_upsert_replay_and_a_racing_replica(spark, target):
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
     assert set(os.listdir(target)) >= {"_delta_log"}
     assert all(os.path.exists(os.path.join(target, p)) for p in added(target, report.version))
+
+
+def test_a_null_delete_marker_is_bad_input(spark, target):
+    sink = MVSink(target, "nullmark", mode="upsert", key=["id"], delete_column="gone")
+    sink(spark.createDataFrame([(1, "a", 1.0, False)], WITH_DELETE), 0)
+    before = versions(target)
+    with pytest.raises(InputError, match="null delete marker"):
+        sink(spark.createDataFrame([(1, None, None, None)], WITH_DELETE), 1)
+    assert versions(target) == before
+    assert rows_of(target) == Counter([(1, "a", 1.0)])
+
+
+def test_stored_rows_with_a_null_sequence_are_older_than_any_event(spark, target):
+    sink = MVSink(target, "nullseq", mode="upsert", key=["id"], sequence_column="seq")
+    sink(spark.createDataFrame([(1, "a", 3), (2, "b", 1)], WITH_SEQ), 0)
+    foreign_append(target, [{"id": 1, "name": "rogue", "seq": None}])  # key 1 held twice
+    foreign_append(target, [{"id": 3, "name": "rogue", "seq": None}])
+    sink(spark.createDataFrame([(1, "a2", 2), (3, "c", 0)], WITH_SEQ), 1)
+    # Key 1: the stored seq 3 is newer than 2 and stays; the null-sequence copy goes.
+    # Key 3: the event beats a stored row without a sequence.
+    assert rows_of(target) == Counter([(1, "a", 3), (2, "b", 1), (3, "c", 0)])
