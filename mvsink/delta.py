@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 from deltalake import DeltaTable, Schema, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
     CommitProperties,
@@ -247,6 +247,18 @@ def compare_and_append(
         max_commit_retries=0,
         app_transactions=[Transaction(app_id, upper, now)],
     )
+    remove_actions = [
+        RemoveAction(
+            path=f.key,
+            data_change=True,
+            deletion_timestamp=now,
+            size=f.size,
+            partition_values=dict(f.partition_values) or None,
+        )
+        for f in removes
+    ]
+    parts = list(partition_by) or None
+    # Only the commit call is inside: whatever it raises, the log decides what it did.
     try:
         if snap.version is None:
             create_table_with_add_actions(
@@ -254,37 +266,27 @@ def compare_and_append(
                 Schema.from_json(schema_json),
                 add_actions,
                 mode="error",
-                partition_by=list(partition_by) or None,
+                partition_by=parts,
                 storage_options=dict(snap.storage_options) or None,
                 commit_properties=props,
                 post_commithook_properties=_NO_HOOKS,
             )
         else:
-            remove_actions = [
-                RemoveAction(
-                    path=f.key,
-                    data_change=True,
-                    deletion_timestamp=now,
-                    size=f.size,
-                    partition_values=dict(f.partition_values) or None,
-                )
-                for f in removes
-            ]
             dt: DeltaTable = snap._table
             dt.create_write_transaction(
                 [*remove_actions, *add_actions],
                 mode="append",
                 schema=dt.schema(),
-                partition_by=list(partition_by) or None,
+                partition_by=parts,
                 commit_properties=props,
                 post_commithook_properties=_NO_HOOKS,
             )
         if _after_call is not None:
             _after_call()
-    except CommitFailedError as exc:
-        # delta-rs found the version taken and wrote nothing: a clean conflict.
-        raise ConflictError(f"another commit landed after version {snap.version}: {exc}", where) from exc
     except Exception as exc:
+        # Even delta-rs's "version already exists" is not proof that ours did not land: on an
+        # object store, a conditional put whose reply was lost may be retried by the client
+        # and then find our own commit in place.
         _resolve(snap, version, attempt_id, exc, where)
     _maintain_log(snap, version, where)
     return version
@@ -317,9 +319,7 @@ def _resolve(
         )
         return
     if holder is not None:
-        raise ConflictError(
-            f"version {version} was committed by someone else while ours failed ({exc})", where
-        ) from exc
+        raise ConflictError(f"another commit landed as version {version} first ({exc})", where) from exc
     raise CommitOutcomeUnknownError(
         f"committing version {version} failed ({exc}) and the version is not in the log yet; the "
         "staged files are kept in case the commit still lands. Rerun the epoch: it commits, or "

@@ -6,10 +6,15 @@ differ from every key's, or for some key column every key lies outside the file'
 
 Recorded bounds are taken as possibly truncated, since other writers (delta-rs, Delta on the
 JVM) truncate them, and a bound read as exact would skip the file holding a stored row:
-timestamps are widened by a millisecond on each side, and a string max ``m`` is read as
-"every string that starts with ``m``" (the bound may be a prefix of the real max).
-Bounds of other types (integers, dates, decimals) are exact in every writer we know.
-Columns whose bounds are unknown for a file, or of a type not listed, prune nothing there.
+
+* timestamps are widened by a millisecond on each side;
+* a string max ``m`` is read as "every string that starts with ``m``" (it may be a prefix);
+* integers and dates are exact in every writer we know;
+* anything else prunes nothing (decimals, for one, pass through a float in delta-rs).
+
+Partition values are compared as the log writes them (strings) for key columns of the types
+mvsink partitions by (string, integers, date, boolean); a key column that partitions a foreign
+table by another type prunes nothing.
 """
 
 from __future__ import annotations
@@ -24,41 +29,28 @@ from mvsink.delta import Snapshot
 
 _MS = 1000  # microseconds in the truncation step of timestamp statistics
 _TOP = "\U0010ffff"
+_I64 = np.iinfo(np.int64)
+_ROW = "__mvsink_row"
 
 
 def candidate_files(snap: Snapshot, keys: pa.Table, key: Sequence[str]) -> list[int]:
     """Indices into ``snap.files`` of the files that may hold a row whose key is in ``keys``."""
-    n = len(snap.files)
-    if n == 0 or keys.num_rows == 0:
+    if not snap.files or keys.num_rows == 0:
         return []
-    part_keys = [k for k in key if k in snap.partition_by]
-    range_keys = [k for k in key if k not in snap.partition_by]
-    # Group keys and files by the key's partition columns (as the log writes them, strings).
-    key_groups: dict[tuple[str | None, ...], np.ndarray] = {}
-    if part_keys:
-        texts = [pc.cast(keys.column(k), pa.string()).to_pylist() for k in part_keys]
-        grouped: dict[tuple[str | None, ...], list[int]] = {}
-        for i, group in enumerate(zip(*texts, strict=True)):
-            grouped.setdefault(group, []).append(i)
-        key_groups = {g: np.asarray(rows, dtype=np.int64) for g, rows in grouped.items()}
-    else:
-        key_groups[()] = np.arange(keys.num_rows)
+    part_keys = [k for k in key if k in snap.partition_by and _text_partition(keys.column(k).type)]
+    key_groups = _key_groups(keys, part_keys)
     file_groups: dict[tuple[str | None, ...], list[int]] = {}
     for i, f in enumerate(snap.files):
         group = tuple(f.partition_values.get(k) for k in part_keys)
         if group in key_groups:
             file_groups.setdefault(group, []).append(i)
-    if not range_keys:
-        return sorted(i for rows in file_groups.values() for i in rows)
     columns: dict[str, np.ndarray] = {}
     bounds: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for k in range_keys:
+    for k in key:
+        if k in snap.partition_by:
+            continue
         values, found = _comparable(keys.column(k).combine_chunks()), _file_bounds(snap, k)
-        if (
-            values is not None
-            and found is not None
-            and (values.dtype == object) == (found[0].dtype == object)
-        ):
+        if values is not None and found is not None and values.dtype == found[0].dtype:
             columns[k], bounds[k] = values, found
     out: list[int] = []
     for group, file_rows in file_groups.items():
@@ -66,35 +58,54 @@ def candidate_files(snap: Snapshot, keys: pa.Table, key: Sequence[str]) -> list[
         keep = np.ones(len(idx), dtype=bool)
         for k, values in columns.items():
             lo, hi, known = (b[idx] for b in bounds[k])
-            keep &= ~known | _any_between(np.sort(values[key_groups[group]]), lo, hi, known)
+            keep &= ~known | _any_within(np.sort(values[key_groups[group]]), lo, hi, known)
         out.extend(idx[keep].tolist())
     return sorted(out)
 
 
+def _text_partition(t: pa.DataType) -> bool:
+    """Whether casting a key of type ``t`` to string gives the log's partition value."""
+    return bool(
+        pa.types.is_string(t) or pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_boolean(t)
+    )
+
+
+def _key_groups(keys: pa.Table, part_keys: Sequence[str]) -> dict[tuple[str | None, ...], np.ndarray]:
+    """Row numbers of ``keys`` per tuple of partition values (as the log writes them)."""
+    if not part_keys:
+        return {(): np.arange(keys.num_rows)}
+    texts = pa.table(
+        {
+            **{k: pc.cast(keys.column(k), pa.string()) for k in part_keys},
+            _ROW: pa.array(np.arange(keys.num_rows)),
+        }
+    )
+    grouped = texts.group_by(list(part_keys), use_threads=False).aggregate([(_ROW, "list")])
+    values = zip(*[grouped.column(k).to_pylist() for k in part_keys], strict=True)
+    rows = grouped.column(f"{_ROW}_list").to_pylist()
+    return {tuple(v): np.asarray(r, dtype=np.int64) for v, r in zip(values, rows, strict=True)}
+
+
 def _comparable(values: pa.Array) -> np.ndarray | None:
-    """Key values as a numpy array ordered like the column, or None (a type we do not prune)."""
+    """Values as a numpy array ordered like the column, or None (a type we do not prune on)."""
     t = values.type
     if pa.types.is_timestamp(t):
         ints = values.cast(pa.timestamp("us", tz=t.tz)).cast(pa.int64())
     elif pa.types.is_date(t):
         ints = values.cast(pa.date32()).cast(pa.int32()).cast(pa.int64())
-    elif pa.types.is_integer(t):
+    elif pa.types.is_integer(t) and not pa.types.is_uint64(t):
         ints = values.cast(pa.int64())
-    else:
-        ints = None
-    if ints is not None:
-        return np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64)
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_decimal(t):
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
         return np.array(values.to_pylist(), dtype=object)
-    return None
+    else:
+        return None
+    return np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _file_bounds(snap: Snapshot, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per file: an inclusive lower bound, an upper bound (exclusive, except for decimals), and
-    whether both are known; None if the column's statistics are of a type we do not prune on.
-
-    Widened for truncation as the module doc says.
-    """
+    """Per file: inclusive lower and upper bounds and whether both are known, widened as the
+    module doc says; None if no file has bounds of a type we prune on. A string upper bound is
+    exclusive (None: no upper bound)."""
     found = snap.bounds(column)
     if found is None:
         return None
@@ -111,13 +122,12 @@ def _file_bounds(snap: Snapshot, column: str) -> tuple[np.ndarray, np.ndarray, n
     hi = np.zeros(len(known), dtype=hi_known.dtype)
     lo[known], hi[known] = lo_known, hi_known
     if pa.types.is_timestamp(t):
-        return lo - _MS, hi + _MS + 1, known
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        # Saturating, so that a bound near the ends of int64 cannot wrap around.
+        lo = np.where(lo < _I64.min + _MS, _I64.min, lo - _MS)
+        hi = np.where(hi > _I64.max - _MS, _I64.max, hi + _MS)
+    elif hi.dtype == object:
         hi[known] = [_after_prefix(str(v)) for v in hi_known]
-        return lo, hi, known
-    if hi.dtype == object:  # decimals: compared inclusively
-        return lo, hi, known
-    return lo, hi + 1, known
+    return lo, hi, known
 
 
 def _after_prefix(text: str) -> str | None:
@@ -131,28 +141,17 @@ def _after_prefix(text: str) -> str | None:
     return "".join(chars)
 
 
-def _any_between(sorted_keys: np.ndarray, lo: np.ndarray, hi: np.ndarray, known: np.ndarray) -> np.ndarray:
-    """Per file: whether some key k has lo <= k < hi (for decimals lo <= k <= hi; a string hi
-    of None: no upper bound)."""
+def _any_within(sorted_keys: np.ndarray, lo: np.ndarray, hi: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Per file: whether some key k has lo <= k <= hi (strings: lo <= k < hi, None: no hi)."""
     out = np.zeros(len(lo), dtype=bool)
-    if not len(sorted_keys):
-        return out
     where = np.flatnonzero(known)
-    if sorted_keys.dtype == object:
-        for i in where:
-            start = np.searchsorted(sorted_keys, lo[i], side="left")
-            if start >= len(sorted_keys):
-                continue
-            upper = hi[i]
-            first = sorted_keys[start]
-            if upper is None:
-                out[i] = True
-            elif isinstance(upper, str):
-                out[i] = first < upper
-            else:
-                out[i] = first <= upper  # decimals: hi is inclusive
+    if not len(sorted_keys) or not len(where):
         return out
     start = np.searchsorted(sorted_keys, lo[where], side="left")
-    stop = np.searchsorted(sorted_keys, hi[where], side="left")
-    out[where] = stop > start
+    if sorted_keys.dtype != object:
+        out[where] = np.searchsorted(sorted_keys, hi[where], side="right") > start
+        return out
+    for i, s in zip(where, start, strict=True):
+        upper = hi[i]
+        out[i] = s < len(sorted_keys) and (upper is None or sorted_keys[s] < upper)
     return out

@@ -346,9 +346,9 @@ class _Epoch:
         rules = table_rules(snap, self.where)
         mode = self.opts.mode
         if mode == "append":
-            if not self._text_partitions(partition_by):
-                self._enforce(self.raw, rules)
+            if not self._text_partitions(partition_by) and not rules:
                 return plan_append(self.raw, schema)
+            # Checked rows must be the rows written: one evaluation, cached.
             if self.desired is None:
                 self.desired = self.raw.persist(StorageLevel.MEMORY_AND_DISK)
             self._check_partition_values(self.desired, partition_by)

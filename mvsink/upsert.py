@@ -205,14 +205,16 @@ def _decide(touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec) -> tup
     want_b = touched.column(FP_B).to_numpy().copy()
     want = ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
     from_batch = np.ones(n, dtype=bool)
+    z = np.zeros(0, dtype=np.int64)
     if stored is None or stored.num_rows == 0:
-        z = np.zeros(0, dtype=np.int64)
         return want_a[want], want_b[want], z, z
     # Tie each stored row to its touched key, then order rows by key, file and position: the
     # earliest stored copy equal to the wanted row is the one kept.
     index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
     rows = stored.join(index, list(spec.key), join_type="inner")
     rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
+    if rows.num_rows == 0:
+        return want_a[want], want_b[want], z, z
     ti = rows.column(_TI).to_numpy()
     sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))

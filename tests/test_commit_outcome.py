@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from mvsink import CommitOutcomeUnknownError, MVSink, frontier
 from tests.helpers import (
@@ -57,12 +58,14 @@ def test_a_checkpoint_that_fails_after_the_commit_leaves_the_commit_and_its_file
     assert_equal_to(target, later)
 
 
-def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, target):
+@pytest.mark.parametrize("error", [OSError, CommitFailedError])
+def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, target, error):
     sink = MVSink(target, "landed")
     sink(people(spark, range(5)), 0)
 
     def fail() -> None:
-        raise OSError("connection reset after the commit was written")
+        # A lost reply (then "version exists" on the client's retry of its own put).
+        raise error("the commit was written but the reply was lost")
 
     sink._after_commit_call = once(fail)
     desired = people(spark, range(2, 9))

@@ -88,3 +88,37 @@ def test_pruning_keeps_exactly_the_files_whose_bounds_admit_a_key(files, keys, p
         )
     ]
     assert got == want
+
+
+def _typed_snapshot(lo: pa.Array, hi: pa.Array, parts: list[str | None] | None = None) -> Snapshot:
+    files = tuple(DataFile(f"f{i}", 1, 1, {"p": parts[i]} if parts else {}) for i in range(len(lo)))
+    return Snapshot(
+        "/t", 1, None, None, ("p",) if parts else (), files, stats=pa.table({"min.k": lo, "max.k": hi})
+    )
+
+
+def test_bounds_at_the_ends_of_int64_do_not_wrap_around():
+    top, bottom = 2**63 - 1, -(2**63)
+    snap = _typed_snapshot(pa.array([1, bottom], pa.int64()), pa.array([top, 5], pa.int64()))
+    for k in (1, top, bottom, 5):
+        got = candidate_files(snap, pa.table({"k": pa.array([k], pa.int64())}), ["k"])
+        assert got == [i for i, (lo, hi) in enumerate([(1, top), (bottom, 5)]) if lo <= k <= hi]
+
+
+def test_decimal_bounds_prune_nothing():
+    # delta-rs records decimal bounds through a float: 1234567890123456.78 becomes ...456.80.
+    import decimal
+
+    t = pa.decimal128(18, 2)
+    snap = _typed_snapshot(
+        pa.array([decimal.Decimal("1234567890123456.80")], t),
+        pa.array([decimal.Decimal("1234567890123456.80")], t),
+    )
+    keys = pa.table({"k": pa.array([decimal.Decimal("1234567890123456.78")], t)})
+    assert candidate_files(snap, keys, ["k"]) == [0]
+
+
+def test_a_foreign_partitioning_by_a_type_we_do_not_write_prunes_nothing():
+    snap = Snapshot("/t", 1, None, None, ("p",), (DataFile("f0", 1, 1, {"p": "2024-01-01T12:00:00+00:00"}),))
+    keys = pa.table({"p": pa.array([dt.datetime(2024, 1, 1, 12, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))})
+    assert candidate_files(snap, keys, ["p"]) == [0]
