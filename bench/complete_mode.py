@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "ins": report.inserted,
                     "ret": report.retracted,
                     "files_removed": report.files_removed,
+                    "phases": {k: round(v, 3) for k, v in report.phases.items()},
                 }
             )
             t = time.perf_counter()
@@ -118,7 +119,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for k, v in results.items()
                 if len(v) > epoch
             )
-            detail = f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten"
+            phases = " ".join(f"{k}={v:.2f}" for k, v in report.phases.items())
+            detail = (
+                f"mvsink +{report.inserted} -{report.retracted}, "
+                f"{report.files_removed} files rewritten; {phases}"
+            )
             print(f"{line}  ({detail})", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
