@@ -43,15 +43,16 @@ class Rules:
 
     def broken(self) -> Column:
         """The name of the first rule a row breaks, or null; aliased ``RULE``."""
-        out: Any = F
-        for path in self.not_null:
-            out = out.when(_is_null(path), f"NOT NULL {'.'.join(path)}")
-        for name, expression in self.checks:
-            out = out.when(~F.coalesce(F.expr(expression), F.lit(False)), f"CHECK {name} ({expression})")
-        if out is F:
+        conditions = [(_is_null(path), f"NOT NULL {'.'.join(path)}") for path in self.not_null] + [
+            (~F.coalesce(F.expr(expression), F.lit(False)), f"CHECK {name} ({expression})")
+            for name, expression in self.checks
+        ]
+        if not conditions:
             return F.lit(None).cast("string").alias(RULE)
-        result: Column = out.otherwise(F.lit(None))
-        return result.alias(RULE)
+        out = F.when(*conditions[0])
+        for condition, label in conditions[1:]:
+            out = out.when(condition, label)
+        return out.alias(RULE)
 
 
 def _is_null(path: Sequence[str]) -> Column:
