@@ -35,13 +35,12 @@ from mvsink.files import FILE, POS, LocalFile, read_files
 from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
 from mvsink.plan import Plan
 from mvsink.prune import candidate_files
-from mvsink.write import Rewrite, keys_frame
+from mvsink.write import BROADCAST_ROWS, Rewrite, keys_frame
 
 DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
 _TI = "__mvsink_touched"
-_BROADCAST_KEYS = 1_000_000  # above this many touched keys, let Spark pick the join
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def _stored_rows(
     located = [LocalFile(f.local_path(snap.root), f.partition_values) for f in files]
     rows = read_files(spark, schema, snap.partition_by, located)
     keys = latest.select(*[quote(k) for k in spec.key])
-    if n_touched <= _BROADCAST_KEYS:
+    if n_touched <= BROADCAST_ROWS:
         keys = F.broadcast(keys)
     a, b = fingerprint_columns(schema)
     seq_cols = [quote(spec.sequence_column)] if spec.sequence_column else []
