@@ -11,6 +11,7 @@ from mvsink.errors import (
     MVSinkError,
     RetriesExhaustedError,
     SchemaMismatchError,
+    StorageError,
     UnsupportedTableError,
 )
 from mvsink.report import EpochReport
@@ -32,6 +33,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaMismatchError",
     "SinkOptions",
+    "StorageError",
     "UnsupportedTableError",
     "__version__",
     "frontier",

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mvsink.delta import REMOTE_SCHEMES
 from mvsink.errors import ConfigError, Where
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -47,7 +48,8 @@ class SinkOptions(_Frozen):
     """Everything that configures one ``MVSink``."""
 
     target: str
-    """The Delta table that holds the view: a local path or a ``file://`` URI."""
+    """The Delta table that holds the view: a local path, a ``file://`` URI, or an object store
+    URI (``s3://``, ``gs://``, ``az://``/``abfss://``) with ``storage_options``."""
     name: str
     """The view's name; the frontier is the Delta app transaction ``mvsink:<name>``."""
     mode: Literal["complete", "upsert", "append"] = "complete"
@@ -73,12 +75,14 @@ class SinkOptions(_Frozen):
     cluster_by: tuple[str, ...] = ()
     """Columns to sort inserted rows by, so rows that change together share few files."""
     cache_desired: bool = True
-    """Complete mode: cache desired for the epoch, so the rows to insert are taken from the
-    same evaluation as the fingerprints. False saves the cache (about a third of a steady
-    epoch) but evaluates desired twice: only for a desired that is deterministic (no rand(),
-    no uuid()) and cheap to recompute. A mismatch fails the epoch; it never commits."""
+    """Kept for old configs; no effect. Desired is evaluated once per epoch (complete mode
+    collects it once; upsert mode caches the ranked batch; tasks write an initial load once)."""
+    driver_max_rows: int = Field(20_000_000, ge=1)
+    """Views up to this many rows are planned on the driver (16 bytes a row of index). Above
+    it the distributed path takes over once it exists; until then a warning says so."""
     storage_options: dict[str, str] = Field(default_factory=dict)
-    """Passed to delta-rs when opening the target."""
+    """Passed to delta-rs and the I/O layer for the target: endpoint, credentials, region ...
+    (the keys delta-rs documents per store, e.g. ``AWS_ENDPOINT_URL``, ``AWS_REGION``)."""
     writer: str | None = None
     """Recorded in each commit's metadata; defaults to ``host:pid``."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -100,9 +104,10 @@ class SinkOptions(_Frozen):
         if not v:
             raise ValueError("must not be empty")
         scheme = urlparse(v).scheme
-        if scheme not in ("", "file"):
+        if scheme not in ("", "file", *REMOTE_SCHEMES):
             raise ValueError(
-                f"only local paths and file:// URIs are supported for now (got scheme {scheme!r})"
+                f"unknown scheme {scheme!r}: use a local path, file://, s3://, gs://, az://, "
+                "abfss:// or another object store URI delta-rs supports"
             )
         return v
 

@@ -55,6 +55,9 @@ class Correction:
     desired_rows: int
     whole_n: I64
     """Desired multiplicity of each ``whole`` fingerprint: that many copies are inserted."""
+    insert_rows: I64
+    """The desired rows (indices into desired) to insert: every copy of a ``whole``
+    fingerprint, the first ``part_n`` copies of a ``part`` one."""
 
     @property
     def whole_copies(self) -> int:
@@ -126,7 +129,7 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
     p_pos = persisted.pos if persisted.pos is not None else z
     n = nd + np_
     if n == 0:
-        return Correction(z, z, z, z, z, z, z, 0, z)
+        return Correction(z, z, z, z, z, z, z, 0, z, z)
     a = np.concatenate([desired.a, persisted.a])
     b = np.concatenate([desired.b, persisted.b])
     order, new_run = _sorted_runs(a, b)
@@ -153,6 +156,13 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         rank = np.arange(len(src)) - np.repeat(first, np.diff(np.append(first, len(src))))
         r_src.append(src[rank >= d_count[runs]])
     src_all = np.concatenate(r_src)
+    # Desired rows to insert: in each run, the first d - p desired copies (all when p == 0).
+    is_d = ~is_p
+    seen_d = np.cumsum(is_d)
+    d_before_run: I64 = (seen_d - is_d)[starts]
+    d_rank = seen_d - 1 - d_before_run[run_id]
+    take = is_d & (d_rank < (d_count - p_count)[run_id])
+    insert_rows = np.sort(order[take]).astype(np.int64)
     whole = (d_count > 0) & (p_count == 0)
     part = (p_count > 0) & (d_count > p_count)
     return Correction(
@@ -165,4 +175,5 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         retract_pos=p_pos[src_all].astype(np.int64),
         desired_rows=nd,
         whole_n=d_count[whole],
+        insert_rows=insert_rows,
     )

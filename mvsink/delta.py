@@ -52,9 +52,21 @@ _REFUSED_FEATURES = {
 }
 
 
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "memory")
+"""URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
+
+
+def is_local(target: str) -> bool:
+    """Whether ``target`` is a local path or ``file://`` URI (not an object store URI)."""
+    return urlparse(target).scheme in ("", "file")
+
+
 def table_root(target: str) -> str:
-    """The absolute local path of a target given as a path or a ``file://`` URI."""
+    """The table root: an absolute local path for a path or ``file://`` URI, else the URI
+    without its trailing slash."""
     parsed = urlparse(target)
+    if parsed.scheme not in ("", "file"):
+        return target.rstrip("/")
     path = unquote(parsed.path) if parsed.scheme == "file" else target
     return os.path.abspath(path).rstrip("/") or "/"
 
@@ -75,11 +87,6 @@ class DataFile:
         """The path as it lies on storage relative to the root (decoded): the index's key, and
         what a ``RemoveAction`` wants."""
         return unquote(self.path)
-
-    def local_path(self, root: str) -> str:
-        """Where the file lies on disk."""
-        raw = self.key
-        return raw if os.path.isabs(raw) else os.path.join(root, raw)
 
 
 @dataclass(frozen=True)

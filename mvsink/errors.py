@@ -90,6 +90,10 @@ class UnsupportedTableError(MVSinkError):
     """The target uses a Delta feature mvsink refuses (deletion vectors, column mapping...)."""
 
 
+class StorageError(MVSinkError):
+    """The target's storage cannot be reached: endpoint, credentials, bucket or container."""
+
+
 class ConflictError(MVSinkError):
     """Another commit landed between our snapshot and our commit. Retryable."""
 

@@ -1,58 +1,217 @@
-"""Row fingerprints: two 64-bit hashes of all columns, computed by Spark.
+"""Row fingerprints: 128 bits per row (two 64-bit lanes), computed from Arrow with numpy.
 
 The correction compares fingerprints instead of rows, so a diff moves 16 bytes a row. Two rows
 get the same fingerprint when they are equal under mvsink's row equality: all columns
 null-safe, NaN equal to NaN, 0.0 equal to -0.0, maps equal regardless of entry order.
 
-Spark's ``xxhash64`` alone is not injective over rows: it skips nulls, so ``(1, NULL)`` and
-``(NULL, 1)`` collide, and it does not mix in array lengths, so ``[[1], [2]]`` and
-``[[1, 2]]`` collide. Each value is therefore wrapped in a canonical form before hashing:
-a null flag in front of every value, the size in front of every array, and maps turned into
-arrays of entries sorted by their canonical form. Under a fixed schema the sequence of hashed
-atoms then determines the row, and only a 128-bit hash collision could equate two rows.
+The same function runs wherever rows are held in Arrow: on the driver (desired collected, a
+file read back) and inside Spark tasks (``mapInArrow``), so a row hashes the same whether it
+came from Spark or from a file. It hashes logical values of the table's canonical Arrow types
+(``schema.arrow_schema``), never physical layout: offsets, chunking, dictionary encoding and
+the bytes behind nulls do not matter.
+
+Injectivity under a fixed schema: every value carries a null flag; every list and string its
+length; list elements and string bytes their position; map entries are summed (order-free)
+but each is a hashed (key, value) pair; columns and struct fields are chained in order. Each
+atom goes through a 64-bit finaliser (murmur3's ``fmix64``) with a lane-specific seed, so two
+different rows collide only by a 128-bit accident, not by structure (no polynomial hashing,
+which crafted strings defeat).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 
 FP_A = "__mvsink_fp_a"
 FP_B = "__mvsink_fp_b"
-# Hashing a constant first gives the second hash an independent starting state.
-_SECOND_SEED = "mvsink:fingerprint:b"
+
+_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_K_NULL = np.uint64(0x27D4EB2F165667C5)
+_K_POS = np.uint64(0x165667B19E3779F9)
+_K_LEN = np.uint64(0xD6E8FEB86659FD93)
+_K_COL = np.uint64(0x94D049BB133111EB)
+_S33 = np.uint64(33)
 
 
 def quote(name: str) -> str:
-    """A column reference that survives dots, spaces and backticks in names."""
+    """A Spark column reference that survives dots, spaces and backticks in names."""
     return "`" + name.replace("`", "``") + "`"
 
 
-def _canonical(col: Column, dtype: DataType) -> Column:
-    if isinstance(dtype, StructType):
-        if not dtype.fields:
-            return col.isNull()
-        inner = F.struct(
-            *[_canonical(col.getField(f.name), f.dataType).alias(f"f{i}") for i, f in enumerate(dtype.fields)]
-        )
-        return F.struct(col.isNull(), inner)
-    if isinstance(dtype, ArrayType):
-        elem = dtype.elementType
-        return F.struct(col.isNull(), F.size(col), F.transform(col, lambda e: _canonical(e, elem)))
-    if isinstance(dtype, MapType):
-        kt, vt = dtype.keyType, dtype.valueType
-        entries = F.transform(
-            F.map_entries(col),
-            lambda e: F.struct(_canonical(e.getField("key"), kt), _canonical(e.getField("value"), vt)),
-        )
-        return F.struct(col.isNull(), F.size(col), F.array_sort(entries))
-    return F.struct(col.isNull(), col)
+def _fmix(x: U64) -> U64:
+    """murmur3's 64-bit finaliser: a bijection that spreads every input bit."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> _S33)
+        x = x * _M1
+        x = x ^ (x >> _S33)
+        x = x * _M2
+        return x ^ (x >> _S33)
 
 
-def fingerprint_columns(schema: StructType) -> tuple[Column, Column]:
-    """The two fingerprint columns (``FP_A``, ``FP_B``) of rows of ``schema``."""
-    parts = [_canonical(F.col(quote(f.name)), f.dataType) for f in schema.fields]
-    a = F.xxhash64(*parts).alias(FP_A)
-    b = F.xxhash64(F.lit(_SECOND_SEED), *parts).alias(FP_B)
-    return a, b
+def _chain(h: U64, part: U64, k: int) -> U64:
+    with np.errstate(over="ignore"):
+        return _fmix(h ^ (part + np.uint64(k) * _K_COL))
+
+
+def fingerprints(rows: pa.Table) -> tuple[I64, I64]:
+    """The fingerprint lanes ``(a, b)`` of every row of ``rows`` (in its column order)."""
+    n = rows.num_rows
+    out = []
+    for seed in _SEEDS:
+        h = np.full(n, seed, dtype=np.uint64)
+        for k, col in enumerate(rows.columns):
+            h = _chain(h, _column(col, seed), k)
+        out.append(h.view(np.int64))
+    return out[0], out[1]
+
+
+def _column(col: pa.ChunkedArray | pa.Array, seed: np.uint64) -> U64:
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks == 1:
+            return _array(col.chunk(0), seed)
+        if col.num_chunks == 0:
+            return np.zeros(0, dtype=np.uint64)
+        return np.concatenate([_array(c, seed) for c in col.chunks])
+    return _array(col, seed)
+
+
+def _nulls(arr: pa.Array) -> npt.NDArray[np.bool_]:
+    if arr.null_count == 0:
+        return np.zeros(len(arr), dtype=bool)
+    return np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _array(arr: pa.Array, seed: np.uint64) -> U64:
+    """One lane of the hash of each value of ``arr``, null flag included."""
+    if isinstance(arr, pa.DictionaryArray):
+        arr = arr.dictionary_decode()
+    null = _nulls(arr)
+    value = _values(arr, seed, null)
+    with np.errstate(over="ignore"):
+        h = _fmix(value ^ seed) + null.astype(np.uint64) * _K_NULL
+    return _fmix(h)
+
+
+def _values(arr: pa.Array, seed: np.uint64, null: npt.NDArray[np.bool_]) -> U64:
+    """A 64-bit digest of each non-null value (anything where null: the flag decides)."""
+    t = arr.type
+    n = len(arr)
+    if pa.types.is_struct(t):
+        h = np.full(n, seed, dtype=np.uint64)
+        for k, child in enumerate(arr.flatten()):
+            h = _chain(h, _array(child, seed), k)
+        return h
+    if pa.types.is_map(t):
+        return _nested(arr, seed, ordered=False)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _nested(arr, seed, ordered=True)
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
+        return _bytes(arr, seed)
+    if pa.types.is_floating(t):
+        v = np.asarray(arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+        v = np.where(v == 0.0, 0.0, v)  # -0.0 is 0.0
+        v = np.where(np.isnan(v), np.nan, v)  # one NaN
+        return v.view(np.uint64)
+    if pa.types.is_decimal(t):
+        return _decimal(arr, seed)
+    if pa.types.is_boolean(t):
+        return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint64)
+    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t):
+        arr = arr.cast(pa.int64()) if not pa.types.is_date32(t) else arr.cast(pa.int32())
+    if pa.types.is_integer(arr.type):
+        v = np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False))
+        return v.astype(np.int64).view(np.uint64)
+    if pa.types.is_null(t):
+        return np.zeros(n, dtype=np.uint64)
+    raise TypeError(f"mvsink cannot fingerprint values of type {t}")
+
+
+def _decimal(arr: pa.Array, seed: np.uint64) -> U64:
+    arr = (
+        arr.cast(pa.decimal128(arr.type.precision, arr.type.scale))
+        if not pa.types.is_decimal128(arr.type)
+        else arr
+    )
+    filled = arr.fill_null(pa.scalar(0, arr.type)) if arr.null_count else arr
+    words = np.frombuffer(filled.buffers()[1], dtype=np.uint64)
+    words = words[2 * filled.offset : 2 * (filled.offset + len(filled))].reshape(-1, 2)
+    return _chain(_fmix(words[:, 0] ^ seed), words[:, 1], 1)
+
+
+def _segment_sums(parts: U64, lengths: npt.NDArray[np.int64]) -> U64:
+    """Sum (mod 2**64) of consecutive runs of ``parts`` of the given lengths."""
+    ends = np.cumsum(lengths)
+    with np.errstate(over="ignore"):
+        total = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(parts, dtype=np.uint64)])
+        out: U64 = total[ends] - total[ends - lengths]
+        return out
+
+
+def _bytes(arr: pa.Array, seed: np.uint64) -> U64:
+    """Length, and each byte keyed by its position: a sum of independent mixes."""
+    n = len(arr)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
+    offsets = offsets.astype(np.int64)
+    lengths = np.diff(offsets)
+    if arr.null_count:
+        lengths = np.where(_nulls(arr), 0, lengths)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+    total = int(lengths.sum())
+    if total:
+        starts = np.repeat(offsets[:-1], lengths)
+        pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        byte = data[starts + pos].astype(np.uint64)
+        with np.errstate(over="ignore"):
+            parts = _fmix((pos.astype(np.uint64) << np.uint64(8)) + byte + seed)
+        sums = _segment_sums(parts, lengths)
+    else:
+        sums = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return _fmix(sums ^ (lengths.astype(np.uint64) * _K_LEN + seed))
+
+
+def _nested(arr: pa.Array, seed: np.uint64, *, ordered: bool) -> U64:
+    """Lists: length and each element keyed by its position. Maps: length and the sum of their
+    entries' (key, value) hashes, so entry order does not matter."""
+    n = len(arr)
+    if pa.types.is_map(arr.type):
+        entry = pa.struct([pa.field("key", arr.type.key_type), pa.field("value", arr.type.item_type)])
+        arr = arr.cast(pa.list_(entry))
+    offsets: I64 = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    lengths: I64 = offsets[1:] - offsets[:-1]
+    if arr.null_count:
+        lengths = np.where(_nulls(arr), 0, lengths)
+    # flatten() honours the array's offset and skips the children of null entries; a map's
+    # elements are its (key, value) entries.
+    element = _array(arr.flatten(), seed)
+    if len(element) != int(lengths.sum()):
+        raise AssertionError("list elements do not match list lengths")
+    if ordered and len(element):
+        pos = np.arange(len(element), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        with np.errstate(over="ignore"):
+            element = _fmix(element + pos.astype(np.uint64) * _K_POS)
+    else:
+        element = _fmix(element)
+    sums = _segment_sums(element, lengths) if n else np.zeros(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return _fmix(sums ^ (lengths.astype(np.uint64) * _K_LEN + seed))
+
+
+def with_fingerprints(rows: pa.Table) -> pa.Table:
+    """``rows`` with the two fingerprint columns appended."""
+    a, b = fingerprints(rows)
+    return rows.append_column(FP_A, pa.array(a)).append_column(FP_B, pa.array(b))

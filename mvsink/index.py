@@ -2,29 +2,34 @@
 
 Delta data files are immutable and their paths unique, so an entry, once computed, stays true
 for as long as the file is in the table; the index never needs invalidating, only extending.
-Each epoch ``sync`` drops entries of files that left the snapshot and fingerprints, in one
-Spark job, only the files it has not seen (another writer's commit, a compaction, a restart).
-Files this sink stages are indexed as they are written. The persisted side of an epoch is
-then the concatenation of the entries of the snapshot's files, with no Spark job at all.
+Each epoch ``sync`` drops entries of files that left the snapshot and reads, through the I/O
+layer, only the files it has not seen (another writer's commit, a compaction, a restart),
+hashing them where they are read. Files this sink stages are indexed as they are written. The
+persisted side of an epoch is then the concatenation of the entries of the snapshot's files.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pyspark.sql import SparkSession
-from pyspark.sql.types import StructType
 
 from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import InvariantViolation, Where
-from mvsink.files import FILE, POS, LocalFile, read_files
-from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns
+from mvsink.fingerprint import fingerprints
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from mvsink.storage import Store
 
 log = logging.getLogger(__name__)
+_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -36,35 +41,6 @@ class FileEntry:
 
     def __len__(self) -> int:
         return len(self.a)
-
-
-def fingerprint_files(
-    spark: SparkSession,
-    schema: StructType,
-    partition_by: Sequence[str],
-    files: Sequence[LocalFile],
-    where: Where,
-) -> list[FileEntry]:
-    """Fingerprint every row of the listed local files in one Spark job; entries in file order."""
-    if not files:
-        return []
-    a, b = fingerprint_columns(schema)
-    table = read_files(spark, schema, partition_by, files).select(FILE, POS, a, b).toArrow()
-    f = table.column(FILE).to_numpy()
-    i = table.column(POS).to_numpy()
-    order = np.lexsort((i, f))
-    f, i = f[order], i[order]
-    fa = table.column(FP_A).to_numpy()[order]
-    fb = table.column(FP_B).to_numpy()[order]
-    counts = np.bincount(f, minlength=len(files))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    out = []
-    for k, located in enumerate(files):
-        lo, hi = starts[k], starts[k + 1]
-        if not np.array_equal(i[lo:hi], np.arange(hi - lo)):
-            raise InvariantViolation(f"row positions of {located.path} read back with gaps", where)
-        out.append(FileEntry(fa[lo:hi].copy(), fb[lo:hi].copy()))
-    return out
 
 
 class PersistedIndex:
@@ -84,7 +60,7 @@ class PersistedIndex:
         for p in paths:
             self._files.pop(p, None)
 
-    def sync(self, spark: SparkSession, snap: Snapshot, schema: StructType, where: Where) -> int:
+    def sync(self, store: Store, snap: Snapshot, schema: pa.Schema, where: Where) -> int:
         """Make the index cover exactly ``snap``'s files; returns how many files it read."""
         live = {f.key for f in snap.files}
         self.forget([p for p in self._files if p not in live])
@@ -92,8 +68,13 @@ class PersistedIndex:
         if not missing:
             return 0
         log.info("%s: indexing %d file(s) not seen before", where, len(missing))
-        located = [LocalFile(f.local_path(snap.root), f.partition_values) for f in missing]
-        entries = fingerprint_files(spark, schema, snap.partition_by, located, where)
+
+        def index(f: DataFile) -> FileEntry:
+            a, b = fingerprints(store.read(f, schema, snap.partition_by))
+            return FileEntry(a, b)
+
+        with ThreadPoolExecutor(_THREADS) as pool:
+            entries = list(pool.map(index, missing))
         for f, entry in zip(missing, entries, strict=True):
             if f.num_records is not None and f.num_records != len(entry):
                 raise InvariantViolation(
@@ -101,6 +82,9 @@ class PersistedIndex:
                 )
             self._files[f.key] = entry
         return len(missing)
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self._files.values())
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
         """The persisted side over ``files``: file numbers index into ``files``."""

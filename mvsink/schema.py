@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -212,3 +214,9 @@ def check_roles(
             )
     if partition_by and len(partition_by) >= len(stored.fields):
         raise InputError("every column is a partition column; keep at least one data column", where)
+
+
+def arrow_schema(struct: StructType) -> pa.Schema:
+    """The Arrow schema of the target's rows, wherever they are held (driver, task, file):
+    the types Spark exchanges with Arrow (timestamps in microseconds, UTC)."""
+    return to_arrow_schema(struct, timezone="UTC")

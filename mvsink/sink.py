@@ -10,11 +10,9 @@
 
 * mint (``mint.py``): from the latest snapshot (version ``v``, frontier ``lower``) decide the
   batch description ``(lower, epoch + 1)``, or nothing (replay, before ``as_of``, read-only).
-* write (``plan.py``, ``write.py``): plan the rows to insert and the files to rewrite, and
-  stage them as Parquet that nothing references yet. Complete mode fingerprints desired in one
-  Spark job and diffs it against the index of the snapshot's files (``correction.py``,
-  ``index.py``); upsert mode reads back only the touched keys (``upsert.py``); append mode
-  inserts the batch.
+* write: the mode (``complete.py``, ``upsert.py``, ``append.py``) plans the rows to insert and
+  the files to rewrite; ``write.py`` stages them as Parquet that nothing references yet,
+  through the I/O layer (``storage.py``), on the driver or in Spark tasks.
 * append (``delta.py``): commit removes, adds and the frontier in one Delta version, only if
   no commit at all landed since ``v``.
 
@@ -38,7 +36,6 @@ Invariants (cited elsewhere by number):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -47,17 +44,16 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
 
+from mvsink.append import Append
+from mvsink.complete import Complete
 from mvsink.config import SinkOptions
-from mvsink.correction import Correction, Fingerprints, diff
-from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
+from mvsink.context import EpochContext
+from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
 from mvsink.errors import (
     CommitOutcomeUnknownError,
     ConfigError,
@@ -66,12 +62,9 @@ from mvsink.errors import (
     RetriesExhaustedError,
     Where,
 )
-from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
 from mvsink.index import PersistedIndex
 from mvsink.mint import BatchDescription, mint
-from mvsink.plan import Plan, plan_append, plan_complete
 from mvsink.report import EpochReport
-from mvsink.rules import RULE, Rules, check_rows, raise_broken, table_rules
 from mvsink.schema import (
     check_fits,
     check_roles,
@@ -80,10 +73,21 @@ from mvsink.schema import (
     target_schema_json,
     target_struct,
 )
-from mvsink.upsert import UpsertSpec, plan_upsert, prepare, stored_rows
-from mvsink.write import Staged, discard_folder, stage
+from mvsink.storage import Store
+from mvsink.upsert import Upsert
+from mvsink.write import Layout, Plan, Staged, stage
 
 log = logging.getLogger(__name__)
+
+
+class Mode(Protocol):
+    """One mode's planner for one epoch: plans attempts, hears of the commit, cleans up."""
+
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan: ...
+
+    def committed(self, staged: Staged) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class MVSink:
@@ -91,13 +95,21 @@ class MVSink:
 
     Use as ``df.writeStream.foreachBatch(MVSink(target, name))``, or call it directly as
     ``sink(batch_df, epoch)`` from a batch job. Options are those of ``SinkOptions``.
+
+    The sink pickles as its options alone (Spark Connect ships ``foreachBatch`` callables to a
+    Python process next to the server): its runtime state (lock, index, reports) is created
+    where it runs.
     """
 
     def __init__(self, target: str, name: str, **options: Any) -> None:
         self.options = SinkOptions.build(target=target, name=name, **options)
+        self._read_only = self.options.read_only
+        self._runtime()
+
+    def _runtime(self) -> None:
         self._index = PersistedIndex()
         self._lock = threading.Lock()
-        self._read_only = self.options.read_only
+        self._probed = False
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -105,6 +117,14 @@ class MVSink:
         # Called right after the commit call returns, inside its error handling (tests use it
         # to fail a commit that landed, as a post-commit step of delta-rs can).
         self._after_commit_call: Callable[[], None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "read_only": self._read_only}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.options = state["options"]
+        self._read_only = state["read_only"]
+        self._runtime()
 
     @classmethod
     def from_options(cls, options: SinkOptions) -> MVSink:
@@ -118,6 +138,11 @@ class MVSink:
     @property
     def target(self) -> str:
         return self.options.target
+
+    @property
+    def store(self) -> Store:
+        """The target's files, as the I/O layer reaches them."""
+        return Store(table_root(self.target), dict(self.options.storage_options))
 
     @property
     def last_report(self) -> EpochReport | None:
@@ -142,12 +167,13 @@ class MVSink:
 
     def __call__(self, batch_df: DataFrame, epoch_id: int) -> EpochReport:
         """Run one epoch: make the target equal ``batch_df`` and record ``epoch_id + 1``."""
+        where = Where(self.name, self.target, epoch_id if isinstance(epoch_id, int) else None)
         if isinstance(epoch_id, bool) or not isinstance(epoch_id, int) or epoch_id < 0:
-            raise InputError(
-                f"the epoch must be a non-negative int, got {epoch_id!r}",
-                Where(self.name, self.target, None),
-            )
+            raise InputError(f"the epoch must be a non-negative int, got {epoch_id!r}", where)
         with self._lock:
+            if not self._probed:
+                self.store.probe(where)
+                self._probed = True
             report = _Epoch(self, batch_df, epoch_id).run()
         self.reports.append(report)
         log.info("%s", report)
@@ -160,36 +186,24 @@ class _Epoch:
     def __init__(self, sink: MVSink, desired: DataFrame, epoch: int) -> None:
         self.sink = sink
         self.opts = sink.options
-        self.raw = desired
         self.epoch = epoch
         self.where = Where(self.opts.name, self.opts.target, epoch)
         self.started = time.monotonic()
-        self.spark = desired.sparkSession
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
-        self.desired: DataFrame | None = None
-        self.ranked: DataFrame | None = None
-        self.fingerprints: Fingerprints | None = None
-        self.partitions_checked = False
-        self.batch_ran = False
-        """Whether a Spark job has run every partition of the micro-batch this epoch."""
-        self.checked_rules: Rules | None = None
-        """The target rules the batch's rows were last found to keep."""
-        self.files_read = 0
-        self.phases: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
-        """Add the time spent in the block to the epoch's figures under ``name``."""
-        start = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+        self.ctx = EpochContext(desired, self.opts, self.where, sink.store)
+        self.mode: Mode
+        if self.opts.mode == "complete":
+            self.mode = Complete(self.ctx, sink._index)
+        elif self.opts.mode == "upsert":
+            self.mode = Upsert(self.ctx)
+        else:
+            self.mode = Append(self.ctx)
 
     def run(self) -> EpochReport:
-        check_supported(self.raw.schema, self.where)
+        raw = self.ctx.batch
+        check_supported(raw.schema, self.where)
         check_roles(
-            self.raw.schema,
+            raw.schema,
             key=self.opts.key,
             delete_column=self.opts.delete_column,
             sequence_column=self.opts.sequence_column,
@@ -199,52 +213,47 @@ class _Epoch:
         try:
             return self._attempts()
         finally:
-            for cached in (self.desired, self.ranked):
-                if cached is not None:
-                    cached.unpersist()
+            self.mode.close()
 
     def _attempts(self) -> EpochReport:
-        opts, policy = self.opts, self.opts.retry
+        opts, policy, ctx = self.opts, self.opts.retry, self.ctx
         for attempt in range(1, policy.max_attempts + 1):
-            with self._phase("snapshot"):
+            with ctx.phase("snapshot"):
                 snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
-            schema_json, partition_by = self._layout(snap)
+            layout = self._layout(snap)
             desc = mint(
                 self.epoch, snap.frontier, as_of=opts.as_of, read_only=self.sink.read_only, where=self.where
             )
             if desc in ("replay", "before_as_of"):
-                self._drain()
+                ctx.drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
             self._warn_on_gap(desc)
-            plan = self._plan(snap, schema_json, partition_by)
+            plan = self.mode.plan(snap, layout)
             if not isinstance(desc, BatchDescription):
-                self._drain()  # append mode plans without running the batch
+                ctx.drain()  # append mode plans without running the batch
                 return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
-            with self._phase("write"):
+            with ctx.phase("write"):
                 staged = stage(
-                    self.spark,
-                    inserts=plan.inserts,
-                    inserted=plan.inserted,
-                    rewrites=plan.rewrites,
-                    root=snap.root,
-                    schema=target_struct(schema_json),
-                    partition_by=partition_by,
+                    plan,
+                    ctx.store,
+                    layout,
                     view=opts.name,
                     epoch=self.epoch,
                     max_rows_per_file=opts.max_rows_per_file,
                     cluster_by=opts.cluster_by,
-                    expected=plan.expected,
                     where=self.where,
                 )
-                self.batch_ran = True
+                if isinstance(plan.inserts, DataFrame):
+                    ctx.batch_ran = True  # Spark tasks wrote the whole batch
+            ctx.drain()
             if self.sink._before_commit is not None:
                 try:
                     self.sink._before_commit(snap)
                 except BaseException:
-                    discard_folder(staged.folder)
+                    self._discard(staged)
                     raise
             try:
-                with self._phase("append"):
+                with ctx.phase("commit"):
                     version = compare_and_append(
                         snap,
                         adds=staged.adds,
@@ -253,14 +262,14 @@ class _Epoch:
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,
                         metadata=self._metadata(desc, staged),
-                        schema_json=schema_json,
-                        partition_by=partition_by,
+                        schema_json=layout.schema_json,
+                        partition_by=layout.partition_by,
                         where=self.where,
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
                 # Known not to have landed (I4): the staged files can go.
-                discard_folder(staged.folder)
+                self._discard(staged)
                 pause = policy.backoff(attempt, random.random())
                 log.info(
                     "%s: attempt %d lost a commit race (%s); retrying in %.2fs",
@@ -275,12 +284,7 @@ class _Epoch:
             except CommitOutcomeUnknownError:
                 # The commit may have landed: its files may be referenced. Keep them (I4).
                 raise
-            if plan.expected is not None:
-                # Keep the index equal to the new version's files (the snapshot's, less removes,
-                # plus ours) so the next epoch reads nothing back.
-                self.sink._index.forget(f.key for f in staged.removes)
-                for add, entry in zip(staged.adds, staged.entries, strict=True):
-                    self.sink._index.put(add.path.replace(os.sep, "/"), entry)
+            self.mode.committed(staged)
             return self._report("committed", desc.lower, desc.upper, version, attempt, staged=staged)
         raise RetriesExhaustedError(
             f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
@@ -288,6 +292,10 @@ class _Epoch:
             "retry.max_attempts or make it commit less often.",
             self.where,
         )
+
+    def _discard(self, staged: Staged) -> None:
+        if staged.folder:
+            self.ctx.store.delete_folder(staged.folder)
 
     def _warn_on_gap(self, desc: BatchDescription | str) -> None:
         """Only a complete batch repairs everything: in upsert or append mode, say so when
@@ -304,11 +312,12 @@ class _Epoch:
                 self.opts.mode,
             )
 
-    def _layout(self, snap: Snapshot) -> tuple[str, tuple[str, ...]]:
-        """The target's schema JSON and partition columns: the table's, or those it will get."""
+    def _layout(self, snap: Snapshot) -> Layout:
+        """The target's schema and partition columns: the table's, or those it will get."""
         wanted = self.opts.partition_by
         if not snap.exists:
-            return target_schema_json(self.stored), tuple(wanted or ())
+            schema_json = target_schema_json(self.stored)
+            return Layout(schema_json, target_struct(schema_json), tuple(wanted or ()))
         assert snap.schema_json is not None
         check_fits(self.stored, snap.schema_json, self.where)
         if wanted is not None and tuple(wanted) != snap.partition_by:
@@ -317,111 +326,7 @@ class _Epoch:
                 f"{list(snap.partition_by)}; drop the option to keep the target's partitioning",
                 self.where,
             )
-        return snap.schema_json, snap.partition_by
-
-    def _text_partitions(self, partition_by: tuple[str, ...]) -> list[str]:
-        return [c for c in partition_by if isinstance(self.stored[c].dataType, StringType)]
-
-    def _check_partition_values(self, rows: DataFrame, partition_by: tuple[str, ...]) -> None:
-        """Refuse empty strings in partition columns: Spark and Delta store them as null.
-
-        ``rows`` must be cached: a second partial run of a streaming batch's plan is not safe.
-        """
-        text = self._text_partitions(partition_by)
-        if self.partitions_checked or not text:
-            return
-        empty = F.lit(False)
-        for c in text:
-            empty = empty | (F.col(quote(c)) == "")
-        if rows.where(empty).limit(1).count():
-            raise InputError(
-                f"an empty string in partition column(s) {', '.join(text)}: Delta partitions store it "
-                "as null, so the target could not equal desired; map it to null or another value",
-                self.where,
-            )
-        self.partitions_checked = True
-
-    def _plan(self, snap: Snapshot, schema_json: str, partition_by: tuple[str, ...]) -> Plan:
-        schema = target_struct(schema_json)
-        rules = table_rules(snap, self.where)
-        mode = self.opts.mode
-        if mode == "append":
-            if not self._text_partitions(partition_by) and not rules:
-                return plan_append(self.raw, schema)
-            # Checked rows must be the rows written: one evaluation, cached.
-            if self.desired is None:
-                self.desired = self.raw.persist(StorageLevel.MEMORY_AND_DISK)
-            self._check_partition_values(self.desired, partition_by)
-            self._enforce(self.desired, rules)
-            return plan_append(self.desired, schema)
-        if mode == "upsert":
-            spec = UpsertSpec(self.opts.key, self.opts.delete_column, self.opts.sequence_column)
-            with self._phase("prepare"):
-                if self.ranked is None:
-                    self.ranked = prepare(self.raw, schema, spec, self.where)
-                self._check_partition_values(self.ranked, partition_by)
-                self._enforce(stored_rows(self.ranked, schema), rules)
-            with self._phase("read back"):
-                plan = plan_upsert(self.spark, self.ranked, schema=schema, spec=spec, snap=snap)
-            self.batch_ran = True  # the touched keys were collected from the whole batch
-            self.files_read += plan.files_read
-            return plan
-        corr = self._correction(snap, schema_json, rules)
-        self._enforce(self._desired(schema_json).select(*[F.col(quote(c)) for c in schema.names]), rules)
-        self._check_partition_values(self._desired(schema_json), partition_by)
-        return plan_complete(self.spark, self._desired(schema_json), corr, snap, self.sink._index, schema)
-
-    def _drain(self) -> None:
-        """Run the micro-batch's plan without output, unless this epoch already ran it.
-
-        A stateful streaming query commits its state only when every partition of the batch
-        ran; Spark 4 fails a ``foreachBatch`` that skips them. Writing nothing is not enough.
-        """
-        if not self.batch_ran:
-            self.raw.write.format("noop").mode("overwrite").save()
-            self.batch_ran = True
-
-    def _desired(self, schema_json: str) -> DataFrame:
-        """Desired in the target's column order with its fingerprints, cached for this epoch."""
-        if self.desired is None:
-            schema = target_struct(schema_json)
-            a, b = fingerprint_columns(schema)
-            cols = [F.col(quote(n)) for n in schema.names]
-            self.desired = self.raw.select(*cols, a, b)
-            if self.opts.cache_desired:
-                self.desired = self.desired.persist(StorageLevel.MEMORY_AND_DISK)
-        return self.desired
-
-    def _enforce(self, rows: DataFrame, rules: Rules) -> None:
-        """Refuse rows that break the target's rules (``rules.py``), unless already checked."""
-        if rules and rules != self.checked_rules:
-            with self._phase("rules"):
-                check_rows(rows, rules, self.where)
-        self.checked_rules = rules
-
-    def _correction(self, snap: Snapshot, schema_json: str, rules: Rules) -> Correction:
-        with self._phase("index"):
-            schema = target_struct(schema_json)
-            self.files_read += self.sink._index.sync(self.spark, snap, schema, self.where)
-        if self.fingerprints is None:
-            # Desired does not change between attempts: fingerprint it once per epoch, checking
-            # the target's rules in the same job.
-            with self._phase("fingerprint"):
-                desired = self._desired(schema_json)
-                table = desired.select(FP_A, FP_B, rules.broken()).toArrow()
-                self.fingerprints = Fingerprints(table.column(FP_A).to_numpy(), table.column(FP_B).to_numpy())
-                self.batch_ran = True
-                broken = table.column(RULE).drop_null()
-                if len(broken):
-                    raise_broken(
-                        desired.select(*[F.col(quote(c)) for c in schema.names]),
-                        rules,
-                        broken[0].as_py(),
-                        self.where,
-                    )
-                self.checked_rules = rules
-        with self._phase("diff"):
-            return diff(self.fingerprints, self.sink._index.persisted(snap.files))
+        return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
 
     def _metadata(self, desc: BatchDescription, staged: Staged) -> dict[str, str]:
         return {
@@ -460,8 +365,8 @@ class _Epoch:
             files_added=len(staged.adds) if staged else 0,
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,
-            files_read=self.files_read,
-            phases=dict(self.phases),
+            files_read=self.ctx.files_read,
+            phases=dict(self.ctx.phases),
             attempts=attempts,
             seconds=time.monotonic() - self.started,
         )

@@ -5,9 +5,11 @@ For a batch, per key:
 1. Several rows for one key: with ``sequence_column`` the highest sequence wins (a tie at the
    top is ambiguous and an error); without it, ``DuplicateKeyError``. A null key or a null
    sequence is bad input. All of this is checked before anything is written.
-2. The touched keys go to the driver; the snapshot's files are pruned to those whose partition
-   values and key min/max statistics can hold one of them, and only those are read back,
-   keeping only rows of touched keys. Cost follows the touched keys, not the table.
+2. The touched keys' winning rows go to the driver as Arrow (one Spark job); the snapshot's
+   files are pruned to those whose partition values and key min/max statistics can hold one
+   of them, and only those are read, through the I/O layer; their rows of touched keys are
+   fingerprinted and decided with Arrow joins. Cost follows the touched keys, not the table.
+   A first epoch on an empty target writes the winners from Spark tasks, never collected.
 3. For each touched key the desired row is the batch's winner, unless the target already
    holds a newer sequence for the key (then the stored newest row stays), or the winner is a
    delete (then nothing). Whatever the target holds for the key (nothing, several rows, a
@@ -17,26 +19,28 @@ For a batch, per key:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from mvsink.context import EpochContext
 from mvsink.correction import I64
-from mvsink.delta import DataFile, Snapshot
+from mvsink.delta import Snapshot
 from mvsink.errors import DuplicateKeyError, InputError, Where
-from mvsink.files import FILE, POS, LocalFile, read_files
-from mvsink.fingerprint import FP_A, FP_B, fingerprint_columns, quote
-from mvsink.plan import Plan
+from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.prune import candidate_files
-from mvsink.write import BROADCAST_ROWS, Rewrite, keys_frame
+from mvsink.rules import table_rules
+from mvsink.write import IO_THREADS, Layout, Plan, Rewrite, Staged
 
+FILE = "__mvsink_file"
+POS = "__mvsink_pos"
 DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
@@ -70,12 +74,9 @@ def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame
     w = Window.partitionBy(*keys).orderBy(seq.desc() if seq is not None else F.lit(1))
     # A null marker is refused by _check; it is never read as "not deleted".
     deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
-    a, b = fingerprint_columns(schema)
     return batch.select(
         *[F.col(quote(c)) for c in schema.names],
         deleted.alias(DEL),
-        a,
-        b,
         F.row_number().over(w).alias(_RN),
         (F.rank().over(w) if seq is not None else F.lit(1)).alias(_RK),
     )
@@ -131,74 +132,104 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
         raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
 
 
-def plan_upsert(
-    spark: SparkSession, ranked: DataFrame, *, schema: StructType, spec: UpsertSpec, snap: Snapshot
-) -> Plan:
-    """The plan for one prepared upsert batch against ``snap`` (see the module doc)."""
-    latest = ranked.where(F.col(_RN) == 1)
-    live = latest.where(~F.col(DEL))
-    cols = [F.col(quote(c)) for c in schema.names]
-    if not snap.files:
-        n = live.count()
-        return Plan(live.select(*cols) if n else None, n, ())
+class Upsert:
+    """Plans upsert-mode attempts of one epoch (see the module doc)."""
 
-    key_cols = [quote(k) for k in spec.key]
-    seq_cols = [quote(spec.sequence_column)] if spec.sequence_column else []
-    touched = latest.select(*key_cols, *seq_cols, DEL, FP_A, FP_B).toArrow()
-    files = [snap.files[i] for i in candidate_files(snap, touched, spec.key)]
-    stored = _stored_rows(spark, latest, schema, spec, snap, files, len(touched))
-    insert_a, insert_b, drop_file, drop_pos = _decide(touched, stored, spec)
+    def __init__(self, ctx: EpochContext) -> None:
+        self.ctx = ctx
+        opts = ctx.opts
+        self.spec = UpsertSpec(opts.key, opts.delete_column, opts.sequence_column)
+        self.ranked: DataFrame | None = None
+        self.touched: pa.Table | None = None
 
-    rewrites = []
-    if len(drop_file):
-        order = np.lexsort((drop_pos, drop_file))
-        drop_file, drop_pos = drop_file[order], drop_pos[order]
-        bounds = np.flatnonzero(np.diff(drop_file)) + 1
-        for numbers, positions in zip(np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True):
-            f = files[int(numbers[0])]
-            local = f.local_path(snap.root)
-            rows = f.num_records if f.num_records is not None else pq.read_metadata(local).num_rows
-            rewrites.append(Rewrite(f, local, rows, positions.astype(np.int64)))
-    n_live = len(touched) - int(pc.sum(touched.column(DEL)).as_py() or 0)
-    if not len(insert_a):
-        inserts = None
-    elif len(insert_a) == n_live:
-        inserts = live.select(*cols)
-    else:
-        keys = keys_frame(spark, **{FP_A: insert_a, FP_B: insert_b})
-        inserts = live.join(keys, [FP_A, FP_B], "left_semi").select(*cols)
-    return Plan(inserts, len(insert_a), tuple(rewrites), files_read=len(files))
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan:
+        ctx, schema = self.ctx, layout.struct
+        rules = table_rules(snap, ctx.where)
+        with ctx.phase("prepare"):
+            if self.ranked is None:
+                self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)
+            ctx.enforce(stored_rows(self.ranked, schema), rules)
+        if not snap.files and self.touched is None:
+            return Plan(stored_rows(self.ranked, schema), None)
+        if self.touched is None:
+            with ctx.phase("collect"):
+                cols = [F.col(quote(c)) for c in schema.names]
+                table = self.ranked.where(F.col(_RN) == 1).select(*cols, F.col(DEL)).toArrow()
+                ctx.batch_ran = True  # the touched keys were collected from the whole batch
+            with ctx.phase("fingerprint"):
+                rows = table.select(schema.names).cast(layout.arrow)
+                a, b = fingerprints(rows)
+                self.touched = (
+                    rows.append_column(DEL, table.column(DEL))
+                    .append_column(FP_A, pa.array(a))
+                    .append_column(FP_B, pa.array(b))
+                )
+        touched = self.touched
+        with ctx.phase("read"):
+            files = [snap.files[i] for i in candidate_files(snap, touched, self.spec.key)]
+            tables = self._read(files, layout, snap)
+            stored = _stored(tables, touched, self.spec)
+        ctx.files_read += len(files)
+        with ctx.phase("diff"):
+            insert, drop_file, drop_pos = _decide(touched, stored, self.spec)
+        rewrites = []
+        if len(drop_file):
+            order = np.lexsort((drop_pos, drop_file))
+            drop_file, drop_pos = drop_file[order], drop_pos[order]
+            bounds = np.flatnonzero(np.diff(drop_file)) + 1
+            for numbers, positions in zip(
+                np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True
+            ):
+                k = int(numbers[0])
+                rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
+        n = int(insert.sum())
+        inserts = touched.filter(pa.array(insert)).select(schema.names) if n else None
+        return Plan(inserts, n, tuple(rewrites))
+
+    def _read(self, files: list, layout: Layout, snap: Snapshot) -> list[pa.Table]:  # type: ignore[type-arg]
+        store = self.ctx.store
+        with ThreadPoolExecutor(IO_THREADS) as pool:
+            return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
+
+    def committed(self, staged: Staged) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.ranked is not None:
+            self.ranked.unpersist()
+            self.ranked = None
 
 
-def _stored_rows(
-    spark: SparkSession,
-    latest: DataFrame,
-    schema: StructType,
-    spec: UpsertSpec,
-    snap: Snapshot,
-    files: Sequence[DataFile],
-    n_touched: int,
-) -> pa.Table | None:
-    """Rows of the candidate files whose key was touched: key, sequence, address, fingerprint."""
-    if not files:
-        return None
-    located = [LocalFile(f.local_path(snap.root), f.partition_values) for f in files]
-    rows = read_files(spark, schema, snap.partition_by, located)
-    keys = latest.select(*[quote(k) for k in spec.key])
-    if n_touched <= BROADCAST_ROWS:
-        keys = F.broadcast(keys)
-    a, b = fingerprint_columns(schema)
-    seq_cols = [quote(spec.sequence_column)] if spec.sequence_column else []
-    return (
-        rows.join(keys, list(spec.key), "left_semi")
-        .select(*[quote(k) for k in spec.key], *seq_cols, FILE, POS, a, b)
-        .toArrow()
-    )
+def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.Table | None:
+    """The rows of the read files whose key was touched: key, sequence, address, fingerprint."""
+    keys = touched.select(list(spec.key))
+    parts = []
+    seq = [spec.sequence_column] if spec.sequence_column else []
+    for k, rows in enumerate(tables):
+        if rows.num_rows == 0:
+            continue
+        # Join on the keys alone (Arrow joins carry no nested columns), then take whole rows.
+        addressed = rows.select([*spec.key, *seq]).append_column(
+            POS, pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        )
+        hit = addressed.join(keys, list(spec.key), join_type="left semi")
+        if hit.num_rows == 0:
+            continue
+        a, b = fingerprints(rows.take(hit.column(POS)))
+        parts.append(
+            hit.select([*spec.key, *seq, POS])
+            .append_column(FILE, pa.array(np.full(hit.num_rows, k, dtype=np.int64)))
+            .append_column(FP_A, pa.array(a))
+            .append_column(FP_B, pa.array(b))
+        )
+    return pa.concat_tables(parts) if parts else None
 
 
-def _decide(touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec) -> tuple[I64, I64, I64, I64]:
-    """Per touched key (rule 3 of the module doc), vectorised: the fingerprints of the batch
-    rows to insert, and the stored rows to drop as (file number, position)."""
+def _decide(
+    touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec
+) -> tuple[npt.NDArray[np.bool_], I64, I64]:
+    """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, and
+    the stored rows to drop as (file number, position)."""
     n = touched.num_rows
     want_a = touched.column(FP_A).to_numpy().copy()
     want_b = touched.column(FP_B).to_numpy().copy()
@@ -206,14 +237,14 @@ def _decide(touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec) -> tup
     from_batch = np.ones(n, dtype=bool)
     z = np.zeros(0, dtype=np.int64)
     if stored is None or stored.num_rows == 0:
-        return want_a[want], want_b[want], z, z
+        return want, z, z
     # Tie each stored row to its touched key, then order rows by key, file and position: the
     # earliest stored copy equal to the wanted row is the one kept.
     index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
     rows = stored.join(index, list(spec.key), join_type="inner")
     rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
     if rows.num_rows == 0:
-        return want_a[want], want_b[want], z, z
+        return want, z, z
     ti = rows.column(_TI).to_numpy()
     sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
@@ -242,8 +273,7 @@ def _decide(touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec) -> tup
     insert = want & from_batch & ~has_kept
     drop = pa.array(~kept)
     return (
-        want_a[insert],
-        want_b[insert],
+        insert,
         rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
         rows.column(POS).filter(drop).to_numpy(),
     )

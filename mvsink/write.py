@@ -1,48 +1,57 @@
-"""The write step: stage one correction as Parquet files that no Delta version references yet.
+"""The write step: stage one plan as Parquet files that no Delta version references yet.
 
-One Spark job writes, in one go, the inserted rows and the kept rows of every file that holds a
-retracted row (copy-on-write); in complete mode a second job reads the staged files'
-fingerprints back for the index. Files are staged in a fresh folder
-``mvsink-<view>-e<epoch>-<id>`` under the table root (Hive-style partition folders below it):
-never a ``_`` or ``.`` folder, which vacuum would not look into once the files are removed.
-Nothing here is visible until the commit; ``discard_folder`` deletes a failed attempt's files.
+A ``Plan`` (what a mode decided) is rows to insert and files to rewrite without some rows.
+Rows to insert are either an Arrow table already on the driver, or a Spark DataFrame that is
+never collected (an initial load, an append): Spark tasks then write it through the same
+``Store.write`` (``mapInArrow``), and only each file's add action (and, when the index wants
+them, its fingerprints) comes back. A rewritten file's kept rows are written from the copy
+read for planning. Files are staged in a fresh folder ``mvsink-<view>-e<epoch>-<id>`` under
+the table root: never a ``_`` or ``.`` folder, which vacuum would not look into once the files
+are removed. Nothing here is visible until the commit; ``Store.delete_folder`` removes a failed
+attempt's files.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import shutil
+import functools
+import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from mvsink.correction import I64, Correction
+from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
-from mvsink.errors import InvariantViolation, Where
-from mvsink.files import FILE, POS, LocalFile, read_files
-from mvsink.fingerprint import FP_A, FP_B, quote
-from mvsink.index import FileEntry, fingerprint_files
-from mvsink.stats import file_stats
+from mvsink.errors import InputError, InvariantViolation, Where
+from mvsink.fingerprint import fingerprints, quote
+from mvsink.index import FileEntry
+from mvsink.schema import arrow_schema
+from mvsink.storage import Store, Written
 
-# Spark SQL settings every staged file needs: INT96 timestamps carry no statistics and map to
-# the wrong Delta type.
-_WRITE_CONF = {
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.sql.parquet.compression.codec": "snappy",
-}
-# Above this many rows a driver-built table is joined as Spark sees fit, not broadcast.
-BROADCAST_ROWS = 1_000_000
-# How Spark names the folder of a null (or empty string) partition value.
-_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+# Threads moving files on the driver (object stores are latency-bound).
+IO_THREADS = 8
+# Marks an mvsink input error raised inside a Spark task, so the driver can raise it as one.
+_TASK_INPUT_ERROR = "mvsink-input-error: "
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The target's shape as an epoch writes it: Delta schema JSON, Spark and Arrow schemas,
+    partition columns."""
+
+    schema_json: str
+    struct: StructType
+    partition_by: tuple[str, ...]
+
+    @functools.cached_property
+    def arrow(self) -> pa.Schema:
+        return arrow_schema(self.struct)
 
 
 @dataclass(frozen=True)
@@ -50,10 +59,31 @@ class Rewrite:
     """A file holding retracted rows: it is replaced by a copy without the rows at ``drop``."""
 
     file: DataFile
-    local: str
-    rows: int
+    rows: pa.Table
+    """The file's rows as read for planning (the table's columns)."""
     drop: I64
     """Positions (row indices) to drop, sorted."""
+    fps: tuple[I64, I64] | None = None
+    """The rows' fingerprints (complete mode), so the kept rows' need no hashing."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Rows to insert (``inserted`` of them; None: not known before writing) and rewrites."""
+
+    inserts: pa.Table | DataFrame | None
+    inserted: int | None
+    rewrites: tuple[Rewrite, ...] = ()
+    insert_fps: tuple[I64, I64] | None = None
+    """Fingerprints of a driver-held ``inserts``, when the staged files are to be indexed."""
+    indexed: bool = False
+    """Whether the staged files' fingerprints are wanted (complete mode keeps an index)."""
+    files_read: int = 0
+    """Data files of the snapshot read to make this plan."""
+
+    @property
+    def retracted(self) -> int:
+        return sum(len(r.drop) for r in self.rewrites)
 
 
 @dataclass(frozen=True)
@@ -63,7 +93,7 @@ class Staged:
     folder: str | None
     adds: tuple[NewFile, ...]
     entries: tuple[FileEntry, ...]
-    """Fingerprints of each added file (empty when not asked for)."""
+    """Fingerprints of each added file (empty when the plan is not indexed)."""
     removes: tuple[DataFile, ...]
     inserted: int
     retracted: int
@@ -76,202 +106,201 @@ class Staged:
 NOTHING = Staged(None, (), (), (), 0, 0)
 
 
-@contextlib.contextmanager
-def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    saved: dict[str, str | None] = {k: spark.conf.get(k, None) for k in settings}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in saved.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
-
-
-def keys_frame(spark: SparkSession, **columns: np.ndarray | pa.Array) -> DataFrame:
-    """A table from driver arrays (Arrow: tuples would cost seconds), broadcast when small."""
-    table = pa.table({k: pa.array(v) for k, v in columns.items()})
-    frame = spark.createDataFrame(table)
-    return F.broadcast(frame) if table.num_rows <= BROADCAST_ROWS else frame
-
-
-def inserted_rows(
-    spark: SparkSession, desired: DataFrame, corr: Correction, columns: Sequence[str]
-) -> DataFrame | None:
-    """The rows the correction inserts, from desired (which carries the fingerprint columns)."""
-    cols = [F.col(quote(c)) for c in columns]
-    if corr.inserted == 0:
-        return None
-    if corr.inserts_all_desired:
-        return desired.select(*cols)
-    parts: list[DataFrame] = []
-    if len(corr.whole_a):
-        keys = keys_frame(spark, **{FP_A: corr.whole_a, FP_B: corr.whole_b})
-        parts.append(desired.join(keys, [FP_A, FP_B], "left_semi").select(*cols))
-    if len(corr.part_a):
-        # Desired holds d identical copies of such a row and persisted p < d: add d - p.
-        keys = keys_frame(spark, **{FP_A: corr.part_a, FP_B: corr.part_b, "__n": corr.part_n})
-        one = desired.join(keys, [FP_A, FP_B], "inner").dropDuplicates([FP_A, FP_B])
-        copies = F.explode(F.array_repeat(F.lit(True), F.col("__n").cast("int")))
-        parts.append(one.withColumn("__copy", copies).select(*cols))
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
-
-
-def kept_rows(
-    spark: SparkSession, schema: StructType, partition_by: Sequence[str], rewrites: Sequence[Rewrite]
-) -> DataFrame | None:
-    """The rows of every rewritten file, without the retracted positions."""
-    if not rewrites:
-        return None
-    numbers = np.repeat(np.arange(len(rewrites), dtype=np.int32), [len(r.drop) for r in rewrites])
-    drops = keys_frame(spark, **{FILE: numbers, POS: np.concatenate([r.drop for r in rewrites])})
-    files = [LocalFile(r.local, r.file.partition_values) for r in rewrites]
-    rows = read_files(spark, schema, partition_by, files)
-    return rows.join(drops, [FILE, POS], "left_anti").select(*[F.col(quote(c)) for c in schema.names])
-
-
 def stage(
-    spark: SparkSession,
+    plan: Plan,
+    store: Store,
+    layout: Layout,
     *,
-    inserts: DataFrame | None,
-    inserted: int | None,
-    rewrites: Sequence[Rewrite],
-    root: str,
-    schema: StructType,
-    partition_by: Sequence[str],
     view: str,
     epoch: int,
     max_rows_per_file: int,
     cluster_by: Sequence[str],
-    expected: tuple[I64, I64] | None,
     where: Where,
 ) -> Staged:
-    """Write inserts and rewrites as new files; nothing becomes visible (see the module doc).
-
-    ``inserted`` is the number of rows ``inserts`` holds, checked against what was written;
-    None when it is not known in advance (append mode), and then not checked. ``expected``
-    (complete mode): the fingerprints the staged rows must have, as a multiset (kept rows of
-    rewritten files plus inserted rows); the staged files are then fingerprinted, checked
-    against it, and their entries returned for the index.
-    """
-    retracted = sum(len(r.drop) for r in rewrites)
-    if inserts is None and not rewrites:
+    """Write ``plan``'s inserts and rewrites as new files; nothing becomes visible."""
+    if plan.inserts is None and not plan.rewrites:
         return NOTHING
-    if inserts is not None:
-        keys = [F.col(quote(c)) for c in cluster_by]
-        if keys and inserted is None:
-            inserts = inserts.sortWithinPartitions(*keys)
-        elif keys:
-            n_files = max(1, math.ceil((inserted or 1) / max_rows_per_file))
-            # One file needs no range bounds (whose sampling is a Spark job of its own).
-            spread = inserts.repartition(1) if n_files == 1 else inserts.repartitionByRange(n_files, *keys)
-            inserts = spread.sortWithinPartitions(*keys)
-        elif inserted is not None:
-            # A shuffle of the inserted rows only; coalesce would pull the whole upstream plan
-            # (a semi-join over all of desired) into as few tasks as files.
-            inserts = inserts.repartition(max(1, math.ceil(inserted / max_rows_per_file)))
-    kept = kept_rows(spark, schema, partition_by, rewrites)
-    frames = [f for f in (kept, inserts) if f is not None]
-    out = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
-
-    folder = os.path.join(root, f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}")
+    folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
+    parts = layout.partition_by
     try:
-        with _session_conf(spark, _WRITE_CONF):
-            writer = (
-                out.write.mode("errorifexists")
-                .option("maxRecordsPerFile", max_rows_per_file)
-                .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-            )
-            if partition_by:
-                writer = writer.partitionBy(*partition_by)
-            writer.parquet(folder)
-        local = _data_files(folder)
-        adds: list[NewFile] = []
-        paths: list[str] = []
-        for path in local:
-            n, stats = file_stats(path)
-            if n == 0:
-                os.remove(path)
-                continue
-            rel = os.path.relpath(path, root)
-            adds.append(NewFile(rel, os.path.getsize(path), n, stats, _partition_values(rel, partition_by)))
-            paths.append(path)
-        entries: tuple[FileEntry, ...] = ()
-        if expected is not None:
-            located = [LocalFile(p, a.partition_values) for p, a in zip(paths, adds, strict=True)]
-            entries = tuple(fingerprint_files(spark, schema, partition_by, located, where))
-        kept_count = sum(r.rows for r in rewrites) - retracted
-        written = sum(f.num_records for f in adds)
-        needed = None if inserted is None else kept_count + inserted
-        if (needed is not None and written != needed) or written < kept_count:
+        written: list[Written] = []
+        with ThreadPoolExecutor(IO_THREADS) as pool:
+            jobs = [
+                pool.submit(_write_kept, store, folder, r, parts, max_rows_per_file) for r in plan.rewrites
+            ]
+            if isinstance(plan.inserts, pa.Table):
+                rows, fps = _clustered(plan.inserts, plan.insert_fps, cluster_by)
+                written += store.write(folder, rows, parts, max_rows_per_file, fps)
+            elif plan.inserts is not None:
+                written += write_frame(
+                    plan.inserts,
+                    store,
+                    folder,
+                    layout,
+                    max_rows_per_file=max_rows_per_file,
+                    cluster_by=cluster_by,
+                    indexed=plan.indexed,
+                    where=where,
+                )
+            for job in jobs:
+                written += job.result()
+        written = [w for w in written if w.file.num_records > 0]
+        kept = sum(r.rows.num_rows - len(r.drop) for r in plan.rewrites)
+        total = sum(w.file.num_records for w in written)
+        needed = None if plan.inserted is None else kept + plan.inserted
+        if (needed is not None and total != needed) or total < kept:
             raise InvariantViolation(
-                f"staged {written} rows where the correction needs {needed} "
-                f"({kept_count} kept from rewritten files + {inserted} inserted)",
+                f"staged {total} rows where the plan needs {needed} "
+                f"({kept} kept from rewritten files + {plan.inserted} inserted)",
                 where,
             )
-        if any(len(e) != f.num_records for e, f in zip(entries, adds, strict=False)):
-            raise InvariantViolation("staged files read back with other row counts", where)
-        if expected is not None:
-            _check_content(entries, expected, where)
+        entries: tuple[FileEntry, ...] = ()
+        if plan.indexed:
+            if any(w.fp_a is None or w.fp_b is None for w in written):
+                raise InvariantViolation("a staged file came back without its fingerprints", where)
+            entries = tuple(FileEntry(w.fp_a, w.fp_b) for w in written)  # type: ignore[arg-type]
+    except InputError as exc:
+        store.delete_folder(folder)
+        if str(exc.where):
+            raise
+        raise InputError(exc.message, where) from None
     except BaseException:
-        discard_folder(folder)
+        store.delete_folder(folder)
         raise
-    removes = tuple(r.file for r in rewrites)
-    return Staged(folder, tuple(adds), entries, removes, written - kept_count, retracted)
-
-
-def _check_content(entries: Sequence[FileEntry], expected: tuple[I64, I64], where: Where) -> None:
-    """Staged rows must be exactly the expected multiset; equal counts are not enough (desired
-    evaluated twice may yield other rows of the same number)."""
-    z = np.zeros(0, dtype=np.int64)
-    got = (np.concatenate([z, *[e.a for e in entries]]), np.concatenate([z, *[e.b for e in entries]]))
-    if len(got[0]) == len(expected[0]):
-        g, w = np.lexsort((got[1], got[0])), np.lexsort((expected[1], expected[0]))
-        if np.array_equal(got[0][g], expected[0][w]) and np.array_equal(got[1][g], expected[1][w]):
-            return
-    raise InvariantViolation(
-        "the staged rows differ from the correction (kept rows of rewritten files plus inserted "
-        "rows) although the counts may agree: desired changed between its evaluations. Make "
-        "desired deterministic, or leave cache_desired on. Nothing was committed.",
-        where,
+    return Staged(
+        folder,
+        tuple(w.file for w in written),
+        entries,
+        tuple(r.file for r in plan.rewrites),
+        total - kept,
+        plan.retracted,
     )
 
 
-def _partition_values(rel: str, partition_by: Sequence[str]) -> Mapping[str, str | None]:
-    """Partition values from the Hive-style folders Spark wrote (``col=escaped``)."""
-    if not partition_by:
-        return {}
-    found: dict[str, str | None] = {}
-    for part in rel.split(os.sep)[:-1]:
-        escaped, eq, raw = part.partition("=")
-        name = unquote(escaped)  # Spark escapes the column name as it escapes the value
-        if eq and name in partition_by:
-            found[name] = None if raw == _NULL_PARTITION else unquote(raw)
-    if set(found) != set(partition_by):
-        raise InvariantViolation(f"staged file {rel} is not under one folder per partition column")
-    return found
+def _clustered(
+    rows: pa.Table, fps: tuple[I64, I64] | None, cluster_by: Sequence[str]
+) -> tuple[pa.Table, tuple[I64, I64] | None]:
+    """Rows (and their fingerprints) sorted by ``cluster_by``, so rows that change together
+    share few files."""
+    if not cluster_by or rows.num_rows < 2:
+        return rows, fps
+    order = pa.compute.sort_indices(rows, [(c, "ascending") for c in cluster_by]).to_numpy()
+    return rows.take(order), None if fps is None else (fps[0][order], fps[1][order])
 
 
-def _data_files(folder: str) -> list[str]:
-    """The staged data files; Spark's side files (.crc, _SUCCESS) are deleted."""
+def _write_kept(
+    store: Store, folder: str, rewrite: Rewrite, partition_by: Sequence[str], max_rows_per_file: int
+) -> list[Written]:
+    keep = np.ones(rewrite.rows.num_rows, dtype=bool)
+    keep[rewrite.drop] = False
+    if not keep.any():
+        return []
+    kept = rewrite.rows.filter(pa.array(keep))
+    fps = None if rewrite.fps is None else (rewrite.fps[0][keep], rewrite.fps[1][keep])
+    return store.write(folder, kept, partition_by, max_rows_per_file, fps)
+
+
+# --- Spark tasks -----------------------------------------------------------------------------
+
+_FILES = "path string, size long, rows long, stats string, partition_values string, fp_a binary, fp_b binary"
+
+
+def write_frame(
+    frame: DataFrame,
+    store: Store,
+    folder: str,
+    layout: Layout,
+    *,
+    max_rows_per_file: int,
+    cluster_by: Sequence[str],
+    indexed: bool,
+    where: Where,
+) -> list[Written]:
+    """Write a DataFrame's rows from Spark tasks, never collecting them: each task writes its
+    rows through ``Store.write`` and returns one row per file."""
+    rows = frame.select(*[F.col(quote(c)) for c in layout.struct.names])
+    order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
+    if order:
+        rows = rows.sortWithinPartitions(*order)
+    task = functools.partial(
+        _write_task, store, folder, layout.arrow, layout.partition_by, max_rows_per_file, indexed
+    )
+    try:
+        table = rows.mapInArrow(task, _FILES).toArrow()
+    except Exception as exc:
+        text = str(exc)
+        if _TASK_INPUT_ERROR in text:
+            message = text.split(_TASK_INPUT_ERROR, 1)[1].splitlines()[0]
+            raise InputError(message, where) from None
+        raise
     out = []
-    for root, _dirs, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            if name.endswith(".parquet") and not name.startswith((".", "_")):
-                out.append(path)
-            else:
-                os.remove(path)
-    return sorted(out)
+    for r in table.to_pylist():
+        new = NewFile(r["path"], r["size"], r["rows"], r["stats"], json.loads(r["partition_values"]))
+        fa = None if r["fp_a"] is None else np.frombuffer(r["fp_a"], dtype=np.int64)
+        fb = None if r["fp_b"] is None else np.frombuffer(r["fp_b"], dtype=np.int64)
+        out.append(Written(new, fa, fb))
+    return out
 
 
-def discard_folder(folder: str | None) -> None:
-    """Delete one attempt's staged files (they are referenced by no version)."""
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+def _write_task(
+    store: Store,
+    folder: str,
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    max_rows_per_file: int,
+    indexed: bool,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Runs in a Spark task: buffer up to a file's worth of rows, write, report the files."""
+    buffer: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        buffer.append(batch)
+        held += batch.num_rows
+        if held >= max_rows_per_file:
+            yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
+            buffer, held = [], 0
+    if held:
+        yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
+
+
+def _flush(
+    store: Store,
+    folder: str,
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    max_rows_per_file: int,
+    indexed: bool,
+    buffer: list[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    rows = pa.Table.from_batches(buffer).cast(schema)
+    fps = fingerprints(rows) if indexed else None
+    try:
+        written = store.write(folder, rows, partition_by, max_rows_per_file, fps)
+    except InputError as exc:
+        raise ValueError(_TASK_INPUT_ERROR + exc.message) from None
+    yield pa.RecordBatch.from_pylist(
+        [
+            {
+                "path": w.file.path,
+                "size": w.file.size,
+                "rows": w.file.num_records,
+                "stats": w.file.stats,
+                "partition_values": json.dumps(dict(w.file.partition_values)),
+                "fp_a": None if w.fp_a is None else w.fp_a.tobytes(),
+                "fp_b": None if w.fp_b is None else w.fp_b.tobytes(),
+            }
+            for w in written
+        ],
+        schema=pa.schema(
+            [
+                ("path", pa.string()),
+                ("size", pa.int64()),
+                ("rows", pa.int64()),
+                ("stats", pa.string()),
+                ("partition_values", pa.string()),
+                ("fp_a", pa.binary()),
+                ("fp_b", pa.binary()),
+            ]
+        ),
+    )

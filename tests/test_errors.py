@@ -109,7 +109,7 @@ def test_a_bad_epoch_is_refused(spark, target, epoch):
     [
         ({"name": "has space"}, "name"),
         ({"name": ""}, "name"),
-        ({"target": "s3://bucket/x"}, "target"),
+        ({"target": "hdfs://namenode/x"}, "target"),
         ({"as_of": -1}, "as_of"),
         ({"max_rows_per_file": 0}, "max_rows_per_file"),
         ({"retry": {"max_attempts": 0}}, "retry.max_attempts"),

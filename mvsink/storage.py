@@ -1,0 +1,270 @@
+"""The I/O layer: every read and write of the target's data files, on the driver or in a task.
+
+The target's bytes move through Arrow, never through Spark's Hadoop file system: a ``Store``
+is the table root plus the sink's ``storage_options``, and gives a ``pyarrow`` file system
+whose paths are relative to the root:
+
+* local paths and ``file://`` URIs: pyarrow's own local file system (memory-mapped reads);
+* ``s3://``, ``az://``/``abfss://``, ``gs://`` ...: delta-rs's object store
+  (``deltalake.fs.DeltaStorageHandler``) wrapped in ``pyarrow.fs.PyFileSystem``, so files move
+  with exactly the credentials, endpoint and options the commits use, and no connector jar or
+  second credential scheme is needed.
+
+A ``Store`` is a small picklable value: Spark tasks (``mapInArrow``) receive it and open their
+own file system on first use (one per process). Files are written whole into memory, then put
+with one request; their size and Parquet footer (hence their Delta statistics) are in hand, so
+no file is ever read back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import functools
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote as url_quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from mvsink.delta import DataFile, NewFile, is_local
+from mvsink.errors import InputError, StorageError, Where
+from mvsink.stats import metadata_stats
+
+log = logging.getLogger(__name__)
+
+# How Hive-style folders name a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_COMPRESSION = "snappy"
+
+
+@dataclass(frozen=True)
+class Written:
+    """One file written: its add action and, when asked for, its rows' fingerprints."""
+
+    file: NewFile
+    fp_a: np.ndarray | None = None
+    fp_b: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where a target's files live: ``root`` (a local path or a URI) and the options delta-rs
+    and the file system get. Picklable; ``fs`` is opened per process on first use."""
+
+    root: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return _filesystem(self.root, tuple(sorted(self.options.items())))
+
+    def read(self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str]) -> pa.Table:
+        """All rows of ``file`` in ``schema`` (the table's columns in order), partition columns
+        filled in from the values the log gives the file."""
+        parts = set(partition_by)
+        data_fields = [f for f in schema if f.name not in parts]
+        with self.fs.open_input_file(file.key) as fh:
+            raw = pq.read_table(fh, columns=None)
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {}
+        for f in schema:
+            if f.name in parts:
+                columns[f.name] = partition_array(file.partition_values.get(f.name), f.type, raw.num_rows)
+            elif f.name in raw.column_names:
+                columns[f.name] = _cast(raw.column(f.name), f.type)
+            else:
+                # A column added to the table after this file was written: null in its rows.
+                columns[f.name] = pa.nulls(raw.num_rows, f.type)
+        del data_fields
+        return pa.table(columns, schema=schema)
+
+    def write(
+        self,
+        folder: str,
+        rows: pa.Table,
+        partition_by: Sequence[str],
+        max_rows_per_file: int,
+        fingerprints: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> list[Written]:
+        """Write ``rows`` (the table's columns) under ``folder`` as Parquet files of at most
+        ``max_rows_per_file`` rows, one Hive-style folder per partition value; fingerprints
+        aligned with ``rows`` are sliced along with them."""
+        out: list[Written] = []
+        for values, idx in _partition_groups(rows, partition_by):
+            part = rows if idx is None else rows.take(idx)
+            fa = fb = None
+            if fingerprints is not None:
+                fa, fb = (
+                    (fingerprints[0], fingerprints[1])
+                    if idx is None
+                    else (fingerprints[0][idx], fingerprints[1][idx])
+                )
+            data = part.drop_columns(list(partition_by)) if partition_by else part
+            sub = "/".join(f"{_escape(c)}={_escape_value(values[c])}" for c in partition_by)
+            for start in range(0, part.num_rows, max_rows_per_file):
+                stop = min(part.num_rows, start + max_rows_per_file)
+                name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+                path = "/".join(p for p in (folder, sub, name) if p)
+                new = self._put(path, data.slice(start, stop - start), values)
+                out.append(
+                    Written(
+                        new, None if fa is None else fa[start:stop], None if fb is None else fb[start:stop]
+                    )
+                )
+        return out
+
+    def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
+        sink = pa.BufferOutputStream()
+        writer = pq.ParquetWriter(
+            sink, data.schema, compression=_COMPRESSION, use_compliant_nested_type=True, store_schema=False
+        )
+        writer.write_table(data, row_group_size=1 << 20)
+        writer.close()
+        buf = sink.getvalue()
+        n, stats = metadata_stats(writer.writer.metadata)
+        if is_local(self.root):
+            self.fs.create_dir(path.rpartition("/")[0], recursive=True)
+        with self.fs.open_output_stream(path) as fh:
+            fh.write(buf)
+        return NewFile(path, buf.size, n, stats, dict(values))
+
+    def delete_folder(self, folder: str) -> None:
+        """Delete every file under ``folder`` (one attempt's staged files); best-effort."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+            if not infos and self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
+                return
+            for info in infos:
+                if info.type == pafs.FileType.File:
+                    self.fs.delete_file(info.path)
+            if is_local(self.root):
+                self.fs.delete_dir(folder)
+        except Exception as exc:  # a leftover folder is vacuum's to remove, never an error
+            log.warning("could not delete staged folder %s under %s: %s", folder, self.root, exc)
+
+    def probe(self, where: Where) -> None:
+        """Fail fast, naming the target, when the store cannot be listed (credentials, bucket,
+        endpoint): before any Spark job runs and before anything is written."""
+        try:
+            self.fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
+        except Exception as exc:
+            raise StorageError(
+                f"cannot reach the target's storage at {self.root}: {_first_line(exc)}. Check the "
+                "sink's storage_options (endpoint, credentials, region) and that the bucket or "
+                "container exists.",
+                where,
+            ) from exc
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSystem:
+    if is_local(root):
+        return pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+    from deltalake.fs import DeltaStorageHandler
+
+    return pafs.PyFileSystem(DeltaStorageHandler(root, dict(options)))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
+
+
+def _cast(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == to else column.cast(to)
+
+
+def _escape(name: str) -> str:
+    return url_quote(name, safe="")
+
+
+def _escape_value(value: str | None) -> str:
+    return NULL_PARTITION if value is None else url_quote(value, safe="")
+
+
+def _partition_groups(
+    rows: pa.Table, partition_by: Sequence[str]
+) -> Iterable[tuple[dict[str, str | None], pa.Array | None]]:
+    """Each partition value of ``rows`` (as Delta strings) with the indices of its rows."""
+    if not partition_by:
+        yield {}, None
+        return
+    if rows.num_rows == 0:
+        return
+    keyed = rows.select(list(partition_by)).append_column("__i", pa.array(np.arange(rows.num_rows)))
+    groups = keyed.group_by(list(partition_by), use_threads=False).aggregate([("__i", "list")])
+    for g in groups.to_pylist():
+        values = {c: partition_string(g[c]) for c in partition_by}
+        for c, v in values.items():
+            if v == "":
+                raise InputError(
+                    f"an empty string in partition column {c}: Delta partitions store it as null, so "
+                    "the target could not equal desired; map it to null or another value"
+                )
+        yield values, pa.array(g["__i_list"], pa.int64())
+
+
+def partition_string(value: Any) -> str | None:
+    """A typed partition value as the Delta log stores it."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return str(value.isoformat(sep=" ", timespec="microseconds"))
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="surrogateescape")
+    return str(value)
+
+
+def partition_array(value: str | None, to: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of a partition value from the log, typed as ``to``."""
+    if value is None:
+        return pa.nulls(n, to)
+    typed: Any
+    if pa.types.is_timestamp(to):
+        stamp = dt.datetime.fromisoformat(value.strip())
+        if to.tz is not None:
+            stamp = stamp.replace(tzinfo=dt.UTC) if stamp.tzinfo is None else stamp.astimezone(dt.UTC)
+        elif stamp.tzinfo is not None:
+            stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
+        typed = stamp
+    elif pa.types.is_date(to):
+        typed = dt.date.fromisoformat(value[:10])
+    elif pa.types.is_boolean(to):
+        typed = value.lower() == "true"
+    elif pa.types.is_integer(to):
+        typed = int(value)
+    elif pa.types.is_floating(to):
+        typed = float(value)
+    elif pa.types.is_decimal(to):
+        typed = decimal.Decimal(value)
+    elif pa.types.is_binary(to) or pa.types.is_large_binary(to):
+        typed = value.encode("utf-8", errors="surrogateescape")
+    else:
+        typed = value
+    one = pa.array([typed], to)
+    return one.take(pa.array(np.zeros(n, dtype=np.int64))) if n != 1 else one
+
+
+def empty_strings(rows: pa.Table, columns: Sequence[str]) -> list[str]:
+    """The string columns among ``columns`` that hold an empty string in ``rows``."""
+    bad = []
+    for c in columns:
+        col = rows.column(c)
+        if pa.types.is_string(col.type) and pc.any(pc.equal(col, "")).as_py():
+            bad.append(c)
+    return bad
