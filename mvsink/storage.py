@@ -131,8 +131,15 @@ class Store:
         n, stats = metadata_stats(writer.writer.metadata)
         if is_local(self.root):
             self.fs.create_dir(path.rpartition("/")[0], recursive=True)
-        with self.fs.open_output_stream(path) as fh:
-            fh.write(buf)
+        if is_local(self.root):
+            with self.fs.open_output_stream(path) as fh:
+                fh.write(buf)
+        else:
+            # Straight to delta-rs's object store: pyarrow's Python-file wrapper hands it Arrow
+            # buffers, which it does not take.
+            out = _handler(self.root, tuple(sorted(self.options.items()))).open_output_stream(path, None)
+            out.write(buf.to_pybytes())
+            out.close()
         return NewFile(path, buf.size, n, stats, dict(values))
 
     def delete_folder(self, folder: str) -> None:
@@ -170,6 +177,14 @@ def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSys
     from deltalake.fs import DeltaStorageHandler
 
     return pafs.PyFileSystem(DeltaStorageHandler(root, dict(options)))
+
+
+@functools.lru_cache(maxsize=16)
+def _handler(root: str, options: tuple[tuple[str, str], ...]) -> Any:
+    """delta-rs's own file system handler for ``root`` (its raw output streams take bytes)."""
+    from deltalake._internal import DeltaFileSystemHandler
+
+    return DeltaFileSystemHandler(root, dict(options))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,23 +1,222 @@
-"""One SparkSession for the whole suite; each test gets its own table folder."""
+"""Real components for the whole suite, each started once: a local SparkSession, an
+S3-compatible server (moto) on 127.0.0.1, and a Spark Connect server in a subprocess.
+
+``target`` runs a test on local disk and on S3. One S3 server's endpoint and keys are put in
+the environment before Spark starts (delta-rs and the I/O layer read ``AWS_*`` from it, in
+the driver and in Spark's Python workers), so a test's ``MVSink(target, ...)`` works unchanged
+on both. Tests of ``storage_options`` themselves use ``s3_options``: a second S3 server that
+only those options reach (the environment points at the first), so an option not passed on
+to some reader or writer fails the test.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-from mvsink.session import local_session
+from mvsink.session import DEFAULTS, local_session
+
+_HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(s3_env: dict[str, str]) -> Iterator[SparkSession]:
+    # After s3_env: Spark's Python workers inherit the environment the JVM starts with.
     session = local_session("mvsink-tests", conf={"spark.driver.memory": "2g"})
     yield session
     session.stop()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not up after 120 s; see {log}") from None
+            time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# --- S3 ----------------------------------------------------------------------------------------
+
+BUCKET = "mvsink-tests"
+
+
+def _moto(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[dict[str, str]]:
+    """A moto S3 server in a subprocess with bucket ``BUCKET``; yields the options reaching it."""
+    port = free_port()
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_port(proc, port, "moto S3 server", log)
+        options = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=options["AWS_ENDPOINT_URL"],
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=BUCKET)
+        yield options
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def s3_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The S3 server that the environment points at, for the whole session."""
+    for options in _moto(tmp_path_factory, "moto-env"):
+        saved = {k: os.environ.get(k) for k in options}
+        os.environ.update(options)
+        yield options
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def _s3_explicit(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterator[dict[str, str]]:
+    yield from _moto(tmp_path_factory, "moto-explicit")
+
+
 @pytest.fixture
-def target(tmp_path: os.PathLike[str]) -> str:
+def s3_options(_s3_explicit: dict[str, str]) -> dict[str, str]:
+    """Storage options of an S3 server that the environment does not reach."""
+    return dict(_s3_explicit)
+
+
+@pytest.fixture
+def s3_target(_s3_explicit: dict[str, str]) -> str:
+    """A table location on the server ``s3_options`` reach."""
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+
+
+@pytest.fixture(params=["local", "s3"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh table location, on local disk and on S3."""
+    if request.param == "s3":
+        request.getfixturevalue("spark")  # the environment reaching S3 is set up with it
+        return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
     return os.path.join(str(tmp_path), "view")
+
+
+@pytest.fixture
+def local_target(tmp_path: Path) -> str:
+    """A table location on local disk (tests that tamper with files directly)."""
+    return os.path.join(str(tmp_path), "view")
+
+
+# --- Spark Connect -----------------------------------------------------------------------------
+
+_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+_CONNECT_ENV = ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_API_MODE")
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterator[str]:
+    """A Spark Connect server (local[2]) in a subprocess; yields its URL. The classic session
+    starts first: a SparkContext cannot start once the process is in Connect mode."""
+    home = os.path.dirname(pyspark.__file__)
+    port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    env = {k: v for k, v in os.environ.items() if k not in _CONNECT_ENV}
+    # foreachBatch runs in a Python process of the server: it must be this interpreter.
+    env.update(SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [
+        os.path.join(home, "bin", "spark-submit"),
+        "--master",
+        "local[2]",
+        "--name",
+        "mvsink-connect-tests",
+        "--class",
+        _CONNECT_SERVER,
+        "--conf",
+        "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf",
+        f"spark.connect.grpc.binding.port={port}",
+        "--conf",
+        "spark.driver.memory=2g",
+    ]
+    for key, value in DEFAULTS.items():
+        cmd += ["--conf", f"{key}={value}"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_port(proc, port, "Spark Connect server", log)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def connect_session(connect_server: str) -> Iterator[SparkSession]:
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    session = RemoteSession.builder.remote(connect_server).getOrCreate()
+    session.client.set_retry_policies([DefaultPolicy(max_retries=3, max_backoff=1000)])
+    yield session
+    session.stop()  # before the server goes
+
+
+@pytest.fixture
+def connect(connect_session: SparkSession, monkeypatch: pytest.MonkeyPatch) -> SparkSession:
+    """A Spark Connect session for one test. In a process that also holds a classic session,
+    ``pyspark.sql.functions`` builds Connect columns only with this variable set."""
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    return connect_session

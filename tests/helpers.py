@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
+import tempfile
 from collections import Counter
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+
+from mvsink.delta import is_local, table_root
+from mvsink.storage import Store
+
+
+def store(target: str) -> Store:
+    """The target's files (on S3, reached with the test server's environment)."""
+    return Store(table_root(target))
 
 
 def _canon(value: Any) -> Any:
@@ -72,8 +81,16 @@ def spark_read_listed(spark: SparkSession, target: str) -> DataFrame:
     parts = dt.metadata().partition_columns
     data_schema = StructType([f for f in schema.fields if f.name not in parts])
     frames = []
-    for action in pa.table(dt.get_add_actions(flatten=False)).to_pylist():
-        df = spark.read.schema(data_schema).parquet(os.path.join(target, unquote(action["path"])))
+    copies = tempfile.mkdtemp(prefix="mvsink-listed-")
+    for i, action in enumerate(pa.table(dt.get_add_actions(flatten=False)).to_pylist()):
+        path = unquote(action["path"])
+        if is_local(target):
+            local = os.path.join(target, path)
+        else:  # Spark has no S3 connector here: it reads a byte-for-byte copy
+            local = os.path.join(copies, f"{i}.parquet")
+            with store(target).fs.open_input_stream(path) as src, open(local, "wb") as dst:
+                dst.write(src.read())
+        df = spark.read.schema(data_schema).parquet(local)
         for col in parts:
             value = (action.get("partition") or {}).get(col)
             df = df.withColumn(col, F.lit(value).cast(schema[col].dataType))
@@ -83,8 +100,9 @@ def spark_read_listed(spark: SparkSession, target: str) -> DataFrame:
 
 def log_entry(target: str, version: int) -> list[dict[str, Any]]:
     """The actions of one Delta commit, straight from the JSON log file."""
-    with open(os.path.join(target, "_delta_log", f"{version:020d}.json")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    with store(target).fs.open_input_stream(f"_delta_log/{version:020d}.json") as fh:
+        text = fh.read().decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def added(target: str, version: int) -> list[str]:
@@ -100,9 +118,9 @@ def commit_info(target: str, version: int) -> dict[str, Any]:
 
 
 def versions(target: str) -> list[int]:
-    return sorted(
-        int(os.path.basename(p)[:20]) for p in glob.glob(os.path.join(target, "_delta_log", "*.json"))
-    )
+    infos = store(target).fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
+    names = [i.path.rsplit("/", 1)[-1] for i in infos]
+    return sorted(int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit())
 
 
 def live_files(target: str) -> set[str]:
@@ -111,13 +129,15 @@ def live_files(target: str) -> set[str]:
 
 
 def data_files_on_disk(target: str) -> set[str]:
-    out = set()
-    for root, dirs, names in os.walk(target):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
-        for n in names:
-            if n.endswith(".parquet"):
-                out.add(os.path.relpath(os.path.join(root, n), target))
-    return out
+    """Data files present in storage (referenced or not), relative to the root."""
+    infos = store(target).fs.get_file_info(pafs.FileSelector("", recursive=True, allow_not_found=True))
+    return {
+        i.path.lstrip("/")
+        for i in infos
+        if i.type == pafs.FileType.File
+        and i.path.endswith(".parquet")
+        and not any(part.startswith(("_", ".")) for part in i.path.lstrip("/").split("/"))
+    }
 
 
 def once(action: Any) -> Any:
@@ -130,3 +150,30 @@ def once(action: Any) -> Any:
             action()
 
     return hook
+
+
+def exists(target: str, path: str) -> bool:
+    """Whether ``path`` (relative to the root) is in storage."""
+    return bool(store(target).fs.get_file_info(path).type == pafs.FileType.File)
+
+
+def put_parquet(target: str, path: str, table: pa.Table) -> int:
+    """Write a Parquet file into the target's storage as another writer would; returns its size."""
+    import pyarrow.parquet as pq
+
+    fs = store(target).fs
+    if is_local(target):
+        os.makedirs(os.path.dirname(os.path.join(target, path)), exist_ok=True)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue()
+    if is_local(target):
+        with fs.open_output_stream(path) as fh:
+            fh.write(data)
+    else:
+        from deltalake._internal import DeltaFileSystemHandler
+
+        out = DeltaFileSystemHandler(table_root(target), {}).open_output_stream(path, None)
+        out.write(data.to_pybytes())
+        out.close()
+    return int(data.size)

@@ -17,6 +17,7 @@ from tests.helpers import (
     assert_equal_to,
     commit_info,
     data_files_on_disk,
+    exists,
     live_files,
     log_entry,
     once,
@@ -29,10 +30,13 @@ RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
 
 
 def referenced_files_exist(target: str) -> bool:
-    return all(os.path.exists(os.path.join(target, p)) for p in live_files(target))
+    return all(exists(target, p) for p in live_files(target))
 
 
-def test_a_checkpoint_that_fails_after_the_commit_leaves_the_commit_and_its_files(spark, target, caplog):
+def test_a_checkpoint_that_fails_after_the_commit_leaves_the_commit_and_its_files(
+    spark, local_target, caplog
+):
+    target = local_target  # the checkpoint is made to fail by a folder in its place on disk
     sink = MVSink(target, "ckpt")
     for epoch in range(3):
         sink(people(spark, range(epoch, epoch + 5)), epoch)
@@ -78,7 +82,8 @@ def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, tar
 
 
 @pytest.mark.parametrize("damage", ["moved", "replaced_by_a_file"])
-def test_when_the_log_cannot_tell_the_staged_files_are_kept(spark, target, damage):
+def test_when_the_log_cannot_tell_the_staged_files_are_kept(spark, local_target, damage):
+    target = local_target  # the outage is staged by moving the log folder on disk
     sink = MVSink(target, "unknown")
     sink(people(spark, range(5)), 0)
     log_dir = os.path.join(target, "_delta_log")

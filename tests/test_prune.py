@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 from hypothesis import given, settings
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 from mvsink import MVSink
 from mvsink.delta import DataFile, Snapshot
 from mvsink.prune import candidate_files
-from tests.helpers import multiset, target_table
+from tests.helpers import multiset, put_parquet, target_table
 
 UTC = dt.UTC
 
@@ -41,12 +39,9 @@ def test_an_upsert_on_a_string_key_finds_rows_behind_a_prefix_max(spark, target)
     # Another writer adds a file whose max statistic is a prefix of its real max, as writers
     # that truncate long strings record it.
     path = "foreign-part-0.parquet"
-    pq.write_table(
-        pa.table({"k": ["abc-longer"], "v": pa.array([2], pa.int64())}), os.path.join(target, path)
-    )
+    size = put_parquet(target, path, pa.table({"k": ["abc-longer"], "v": pa.array([2], pa.int64())}))
     stats = {"numRecords": 1, "minValues": {"k": "abc"}, "maxValues": {"k": "abc"}, "nullCount": {"k": 0}}
     dtable = DeltaTable(target)
-    size = os.path.getsize(os.path.join(target, path))
     dtable.create_write_transaction(
         [AddAction(path, size, {}, 0, True, json.dumps(stats))], mode="append", schema=dtable.schema()
     )
