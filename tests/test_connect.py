@@ -1,0 +1,91 @@
+"""The same sink under a Spark Connect session: direct calls, and foreachBatch, where the sink
+is pickled and runs in a Python process next to the Connect server."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from deltalake import DeltaTable
+
+from mvsink import DuplicateKeyError, MVSink, frontier
+from tests.helpers import assert_equal_to, multiset, target_table, versions
+from tests.test_sink import foreign_append
+from tests.test_streaming import expected, write_orders
+
+SCHEMA = "id long, name string, x double"
+
+
+def test_a_sink_pickles_as_its_options_and_runs_again_where_it_lands(spark, target):
+    sink = MVSink(target, "pickled", partition_by=["name"])
+    sink(spark.createDataFrame([(1, "a", 1.0)], SCHEMA), 0)
+    copy = pickle.loads(pickle.dumps(sink))
+    assert copy.options == sink.options and copy.reports == type(copy.reports)(maxlen=1000)
+    copy(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 1)
+    assert frontier(target, "pickled") == 2
+
+
+def test_exact_with_duplicates_and_nulls_and_repairs_a_foreign_write(connect, target):
+    sink = MVSink(target, "exact")
+    rows = [(1, "a", 1.0), (1, "a", 1.0), (2, None, None), (None, None, float("nan")), (3, "c", -0.0)]
+    desired = connect.createDataFrame(rows, SCHEMA)
+    first = sink(desired, 0)
+    assert first.inserted == 5
+    assert_equal_to(target, desired)
+    foreign_append(target, [{"id": 9, "name": "rogue", "x": 0.0}])
+    DeltaTable(target).delete("id = 2")
+    fixed = sink(desired, 1)
+    assert (fixed.inserted, fixed.retracted) == (1, 1)
+    assert_equal_to(target, desired)
+    n = len(versions(target))
+    assert sink(desired, 1).outcome == "replay" and len(versions(target)) == n
+
+
+def test_upsert_and_append_under_connect(connect, target):
+    up = MVSink(target, "up", mode="upsert", key=["id"], delete_column="gone")
+    schema = "id long, name string, gone boolean"
+    up(connect.createDataFrame([(1, "a", False), (2, "b", False)], schema), 0)
+    up(connect.createDataFrame([(2, "B", False), (1, None, True), (3, "c", False)], schema), 1)
+    assert multiset(target_table(target)) == multiset(
+        connect.createDataFrame([(2, "B"), (3, "c")], "id long, name string").toArrow()
+    )
+    with pytest.raises(DuplicateKeyError):
+        up(connect.createDataFrame([(5, "x", False), (5, "y", False)], schema), 2)
+    assert frontier(target, "up") == 2  # bad input left the target as it was
+
+    app = MVSink(target + "-log", "log", mode="append")
+    app(connect.createDataFrame([(1, "a", 1.0)], SCHEMA), 0)
+    app(connect.createDataFrame([(1, "a", 1.0)], SCHEMA), 0)  # replayed: nothing added
+    app(connect.createDataFrame([(2, "b", 2.0)], SCHEMA), 1)
+    assert target_table(target + "-log").num_rows == 2
+
+
+def _run(connect, source, target, ckpt):
+    from pyspark.sql import functions as F
+
+    orders = connect.readStream.schema("product string, amount long").csv(source)
+    view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+    query = (
+        view.writeStream.outputMode("complete")
+        .foreachBatch(MVSink(target, "revenue"))
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+
+def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, target):
+    source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 1)])
+    _run(connect, source, target, ckpt)
+    assert_equal_to(target, expected(connect, source))
+    first = frontier(target, "revenue")
+    assert first is not None
+    write_orders(source, "b", [("p3", 2), ("p2", 1)])
+    _run(connect, source, target, ckpt)  # a restarted query, from its checkpoint
+    assert_equal_to(target, expected(connect, source))
+    assert frontier(target, "revenue") > first
+    assert os.path.isdir(ckpt)

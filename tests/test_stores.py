@@ -1,0 +1,96 @@
+"""Object stores reached through ``storage_options`` alone, and stores that cannot be reached.
+
+The server these tests write to is not the one the environment points at: a reader or writer
+(driver or Spark task) that dropped the options would look in the wrong place and fail.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
+
+from mvsink import MVSink, StorageError, frontier
+from tests.conftest import BUCKET, free_port
+from tests.helpers import multiset
+from tests.test_sink import people
+
+
+def rows(target: str, options: dict[str, str]) -> pa.Table:
+    return DeltaTable(target, storage_options=options).to_pyarrow_table()
+
+
+def test_every_mode_works_with_storage_options_alone(spark, s3_target, s3_options):
+    target = s3_target
+    sink = MVSink(target, "opts", storage_options=s3_options, partition_by=["name"], max_rows_per_file=4)
+    sink(people(spark, range(20)), 0)  # an initial load, written by Spark tasks
+    desired = people(spark, [*range(5, 20), 40])
+    report = sink(desired, 1)  # driver-side rewrites
+    assert (report.inserted, report.retracted) == (1, 5)
+    assert multiset(rows(target, s3_options)) == multiset(desired.toArrow(), ["id", "name", "x"])
+    # Another writer's rows are repaired by the next epoch.
+    schema = DeltaTable(target, storage_options=s3_options).schema().to_arrow()
+    rogue = pa.Table.from_pylist([{"id": 999, "name": "n9", "x": 1.0}], schema=pa.schema(schema))
+    write_deltalake(target, rogue, mode="append", storage_options=s3_options)
+    again = sink(desired, 2)
+    assert again.retracted == 1 and again.files_read >= 1
+    assert multiset(rows(target, s3_options)) == multiset(desired.toArrow(), ["id", "name", "x"])
+    assert frontier(target, "opts", s3_options) == 3
+
+    up = MVSink(s3_target + "-upsert", "up", mode="upsert", key=["id"], storage_options=s3_options)
+    up(people(spark, range(6)), 0)
+    up(spark.createDataFrame([(2, "two", 2.5), (9, "nine", 9.0)], "id long, name string, x double"), 1)
+    got = {r["id"]: r["name"] for r in rows(s3_target + "-upsert", s3_options).to_pylist()}
+    assert got[2] == "two" and got[9] == "nine" and len(got) == 7
+
+    app = MVSink(s3_target + "-append", "app", mode="append", storage_options=s3_options)
+    app(people(spark, range(3)), 0)
+    app(people(spark, range(3)), 0)  # a replay adds nothing
+    assert rows(s3_target + "-append", s3_options).num_rows == 3
+
+
+def _boom(x: int) -> int:
+    raise RuntimeError("a Spark job ran before the store was checked")
+
+
+def _cases(options: dict[str, str]) -> dict[str, tuple[str, dict[str, str]]]:
+    closed = free_port()
+    return {
+        "missing bucket": ("s3://no-such-bucket-mvsink/view", options),
+        "unreachable endpoint": (
+            f"s3://{BUCKET}/view",
+            {**options, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}", "max_retries": "1"},
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "unreachable endpoint"])
+def test_a_store_that_cannot_be_reached_is_one_clear_error_before_any_spark_job(spark, s3_options, case):
+    target, options = _cases(s3_options)[case]
+    boom = F.udf(_boom, LongType())
+    desired = spark.range(3).select(boom(F.col("id")).alias("id"))  # any Spark job fails loudly
+    sink = MVSink(target, "gone", storage_options=options)
+    started = time.monotonic()
+    with pytest.raises(StorageError) as err:
+        sink(desired, 0)
+    assert err.value.target == target and err.value.view == "gone"
+    assert target in str(err.value) and "storage_options" in str(err.value)
+    assert time.monotonic() - started < 60
+
+
+def test_missing_credentials_are_one_clear_error(spark, s3_target, s3_options, monkeypatch):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    # No keys anywhere: the client falls back to instance metadata, which is not there.
+    options = {k: v for k, v in s3_options.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    options["AWS_EC2_METADATA_DISABLED"] = "true"
+    options["max_retries"] = "1"
+    sink = MVSink(s3_target, "nokeys", storage_options=options)
+    with pytest.raises(StorageError) as err:
+        sink(people(spark, range(3)), 0)
+    assert s3_target in str(err.value)
+    assert DeltaTable.is_deltatable(s3_target, storage_options=s3_options) is False
