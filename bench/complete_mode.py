@@ -11,17 +11,22 @@ order. For each epoch it reports seconds and bytes written by:
   missing; conversion not timed).
 
     python bench/complete_mode.py --rows 1000000 --percent 1 --pattern random --epochs 5
+    python bench/complete_mode.py --store s3 ...   # all targets on a local S3 server (moto)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable, write_deltalake
@@ -53,14 +58,47 @@ def desired(spark: SparkSession, rows: int, percent: float, pattern: str, epoch:
     )
 
 
-def added_bytes(path: str, version: int) -> int:
-    with open(os.path.join(path, "_delta_log", f"{version:020d}.json")) as fh:
-        return sum(json.loads(line)["add"]["size"] for line in fh if '"add"' in line)
+def added_bytes(path: str, version: int, options: dict[str, str]) -> int:
+    """Bytes of the files version ``version`` added (from the log's add actions)."""
+    dt = DeltaTable(path, version=version, storage_options=options or None)
+    previous = set()
+    if version > 0:
+        before = DeltaTable(path, version=version - 1, storage_options=options or None)
+        previous = set(before.get_add_actions().column("path").to_pylist())
+    actions = dt.get_add_actions()
+    return sum(
+        size
+        for p, size in zip(
+            actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True
+        )
+        if p not in previous
+    )
+
+
+@contextlib.contextmanager
+def store(kind: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A root for the targets and the storage options that reach it."""
+    if kind == "local":
+        root = tempfile.mkdtemp(prefix="mvsink-bench-")
+        try:
+            yield root, {}
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.s3server import BUCKET, moto_server
+
+    with moto_server(Path(tempfile.mkdtemp()) / "moto.log") as options:
+        yield f"s3://{BUCKET}/bench", options
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with store(args.store) as (root, options):
+        return _run(args, root, options)
+
+
+def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[str, Any]:
     spark = local_session("mvsink-bench", conf={"spark.driver.memory": "6g"})
-    root = tempfile.mkdtemp(prefix="mvsink-bench-")
     results: dict[str, list[dict[str, float]]] = {
         "mvsink": [],
         "overwrite": [],
@@ -68,65 +106,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "merge": [],
     }
     sink = MVSink(
-        os.path.join(root, "mvsink"),
+        f"{root}/mvsink",
         "bench",
+        storage_options=options,
         max_rows_per_file=args.file_rows,
         cluster_by=("id",) if args.cluster else (),
-        cache_desired=not args.no_cache,
     )
-    over, merge = os.path.join(root, "overwrite"), os.path.join(root, "merge")
-    try:
-        for epoch in range(args.epochs + 1):
-            df = desired(spark, args.rows, args.percent, args.pattern, epoch)
+    over, merge = f"{root}/overwrite", f"{root}/merge"
+    opts = options or None
+    for epoch in range(args.epochs + 1):
+        df = desired(spark, args.rows, args.percent, args.pattern, epoch)
+        t = time.perf_counter()
+        report = sink(df, epoch)
+        results["mvsink"].append(
+            {
+                "s": time.perf_counter() - t,
+                "bytes": report.bytes_written,
+                "ins": report.inserted,
+                "ret": report.retracted,
+                "files_removed": report.files_removed,
+                "phases": {k: round(v, 3) for k, v in report.phases.items()},
+            }
+        )
+        t = time.perf_counter()
+        arrow = df.toArrow()
+        collect = time.perf_counter() - t
+        t = time.perf_counter()
+        write_deltalake(over, arrow, mode="overwrite", storage_options=opts)
+        secs = time.perf_counter() - t
+        size = added_bytes(over, DeltaTable(over, storage_options=opts).version(), options)
+        results["overwrite"].append({"s": secs, "bytes": size})
+        results["collect+overwrite"].append({"s": secs + collect, "bytes": size})
+        if epoch <= args.merge_epochs:
             t = time.perf_counter()
-            report = sink(df, epoch)
-            results["mvsink"].append(
-                {
-                    "s": time.perf_counter() - t,
-                    "bytes": report.bytes_written,
-                    "ins": report.inserted,
-                    "ret": report.retracted,
-                    "files_removed": report.files_removed,
-                    "phases": {k: round(v, 3) for k, v in report.phases.items()},
-                }
-            )
-            t = time.perf_counter()
-            arrow = df.toArrow()
-            collect = time.perf_counter() - t
-            t = time.perf_counter()
-            write_deltalake(over, arrow, mode="overwrite")
+            if epoch == 0:
+                write_deltalake(merge, arrow, storage_options=opts)
+            else:
+                (
+                    DeltaTable(merge, storage_options=opts)
+                    .merge(arrow, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                    .when_matched_update_all(predicate="t.x != s.x OR t.k != s.k OR t.s != s.s")
+                    .when_not_matched_insert_all()
+                    .when_not_matched_by_source_delete()
+                    .execute()
+                )
             secs = time.perf_counter() - t
-            size = added_bytes(over, DeltaTable(over).version())
-            results["overwrite"].append({"s": secs, "bytes": size})
-            results["collect+overwrite"].append({"s": secs + collect, "bytes": size})
-            if epoch <= args.merge_epochs:
-                t = time.perf_counter()
-                if epoch == 0:
-                    write_deltalake(merge, arrow)
-                else:
-                    (
-                        DeltaTable(merge)
-                        .merge(arrow, predicate="t.id = s.id", source_alias="s", target_alias="t")
-                        .when_matched_update_all(predicate="t.x != s.x OR t.k != s.k OR t.s != s.s")
-                        .when_not_matched_insert_all()
-                        .when_not_matched_by_source_delete()
-                        .execute()
-                    )
-                secs = time.perf_counter() - t
-                results["merge"].append({"s": secs, "bytes": added_bytes(merge, DeltaTable(merge).version())})
-            line = f"epoch {epoch}: " + "  ".join(
-                f"{k} {v[-1]['s']:.2f}s {v[-1]['bytes'] / 1e6:.1f}MB"
-                for k, v in results.items()
-                if len(v) > epoch
-            )
-            phases = " ".join(f"{k}={v:.2f}" for k, v in report.phases.items())
-            detail = (
-                f"mvsink +{report.inserted} -{report.retracted}, "
-                f"{report.files_removed} files rewritten; {phases}"
-            )
-            print(f"{line}  ({detail})", flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            version = DeltaTable(merge, storage_options=opts).version()
+            results["merge"].append({"s": secs, "bytes": added_bytes(merge, version, options)})
+        line = f"epoch {epoch}: " + "  ".join(
+            f"{k} {v[-1]['s']:.2f}s {v[-1]['bytes'] / 1e6:.1f}MB"
+            for k, v in results.items()
+            if len(v) > epoch
+        )
+        phases = " ".join(f"{k}={v:.2f}" for k, v in report.phases.items())
+        detail = (
+            f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten; {phases}"
+        )
+        print(f"{line}  ({detail})", flush=True)
     summary = {
         name: {
             "median_s": statistics.median(r["s"] for r in rows[1:]),
@@ -147,7 +183,7 @@ def main() -> None:
     p.add_argument("--merge-epochs", type=int, default=2, help="MERGE is slow: epochs to run it for")
     p.add_argument("--file-rows", type=int, default=250_000)
     p.add_argument("--cluster", action="store_true", help="mvsink cluster_by=('id',)")
-    p.add_argument("--no-cache", action="store_true", help="mvsink cache_desired=False")
+    p.add_argument("--store", choices=["local", "s3"], default="local")
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
     result = run(args)
@@ -156,8 +192,7 @@ def main() -> None:
         print(f"  {name:18s} {s['median_s']:.2f}s  {s['median_MB']:.1f}MB written")
     os.makedirs(args.out, exist_ok=True)
     cluster = "-cluster" if args.cluster else ""
-    cache = "-nocache" if args.no_cache else ""
-    name = f"complete-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}{cache}.json"
+    name = f"complete-{args.store}-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}.json"
     with open(os.path.join(args.out, name), "w") as fh:
         json.dump(result, fh, indent=1)
 

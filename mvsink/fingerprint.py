@@ -11,7 +11,7 @@ came from Spark or from a file. It hashes logical values of the table's canonica
 the bytes behind nulls do not matter.
 
 Injectivity under a fixed schema: every value carries a null flag; every list and string its
-length; list elements and string bytes their position; map entries are summed (order-free)
+length; list elements and string words (8 bytes) their position; map entries are summed (order-free)
 but each is a hashed (key, value) pair; columns and struct fields are chained in order. Each
 atom goes through a 64-bit finaliser (murmur3's ``fmix64``) with a lane-specific seed, so two
 different rows collide only by a 128-bit accident, not by structure (no polynomial hashing,
@@ -19,6 +19,9 @@ which crafted strings defeat).
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
@@ -60,8 +63,22 @@ def _chain(h: U64, part: U64, k: int) -> U64:
         return _fmix(h ^ (part + np.uint64(k) * _K_COL))
 
 
+# Rows per slice hashed by one thread (numpy releases the GIL in its loops).
+_SLICE_ROWS = 1 << 18
+
+
 def fingerprints(rows: pa.Table) -> tuple[I64, I64]:
     """The fingerprint lanes ``(a, b)`` of every row of ``rows`` (in its column order)."""
+    n = rows.num_rows
+    if n <= _SLICE_ROWS:
+        return _lanes(rows)
+    slices = [rows.slice(i, _SLICE_ROWS) for i in range(0, n, _SLICE_ROWS)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        parts = list(pool.map(_lanes, slices))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _lanes(rows: pa.Table) -> tuple[I64, I64]:
     n = rows.num_rows
     out = []
     for seed in _SEEDS:
@@ -160,28 +177,41 @@ def _segment_sums(parts: U64, lengths: npt.NDArray[np.int64]) -> U64:
 
 
 def _bytes(arr: pa.Array, seed: np.uint64) -> U64:
-    """Length, and each byte keyed by its position: a sum of independent mixes."""
+    """Length, then each 8-byte little-endian word (the last one zero-padded) chained through
+    the finaliser with its index: per value, as many steps as it has words."""
     n = len(arr)
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     bufs = arr.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
-    offsets = offsets.astype(np.int64)
-    lengths = np.diff(offsets)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = np.diff(offsets).astype(np.int64)
     if arr.null_count:
         lengths = np.where(_nulls(arr), 0, lengths)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
-    total = int(lengths.sum())
-    if total:
-        starts = np.repeat(offsets[:-1], lengths)
-        pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        byte = data[starts + pos].astype(np.uint64)
-        with np.errstate(over="ignore"):
-            parts = _fmix((pos.astype(np.uint64) << np.uint64(8)) + byte + seed)
-        sums = _segment_sums(parts, lengths)
-    else:
-        sums = np.zeros(n, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        return _fmix(sums ^ (lengths.astype(np.uint64) * _K_LEN + seed))
+        h = _fmix(lengths.astype(np.uint64) * _K_LEN + seed)
+    longest = int(lengths.max()) if n else 0
+    if longest == 0:
+        return h
+    lo = int(starts[lengths > 0].min())
+    hi = int((starts + lengths).max())
+    # Every byte the values use, padded with 8 zero bytes so a word may start at any of them;
+    # words[i] is the little-endian word starting at byte lo + i.
+    raw = np.zeros(hi - lo + 8, dtype=np.uint8)
+    raw[: hi - lo] = np.frombuffer(bufs[2], dtype=np.uint8)[lo:hi]
+    words = np.lib.stride_tricks.as_strided(raw, shape=(hi - lo + 1, 8), strides=(1, 1)).copy()
+    words = words.view("<u8").reshape(-1)
+    rel = starts - lo
+    for w in range((longest + 7) // 8):
+        active = np.flatnonzero(lengths > 8 * w)
+        left = lengths[active] - 8 * w
+        word = words[rel[active] + 8 * w]
+        short = left < 8
+        if short.any():
+            keep = (np.uint64(1) << (left[short].astype(np.uint64) * np.uint64(8))) - np.uint64(1)
+            word[short] &= keep
+        with np.errstate(over="ignore"):
+            h[active] = _fmix(h[active] ^ (word + np.uint64(w + 1) * _K_POS))
+    return h
 
 
 def _nested(arr: pa.Array, seed: np.uint64, *, ordered: bool) -> U64:

@@ -30,7 +30,8 @@ class EpochReport:
     attempts: int = 0
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
-    """Seconds spent per step: snapshot, index, fingerprint, diff, write, append."""
+    """Seconds spent per step: snapshot, collect, fingerprint, index, diff, read, write, commit
+    (and prepare and rules where they ran)."""
 
     def __str__(self) -> str:
         head = f"view {self.view} epoch {self.epoch}: {self.outcome}"

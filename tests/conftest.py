@@ -12,11 +12,8 @@ to some reader or writer fails the test.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from mvsink.session import DEFAULTS, local_session
+from tests.s3server import BUCKET, free_port, moto_server, stop, wait_for_port
 
 _HERE = Path(__file__).resolve().parent
 
@@ -38,74 +36,12 @@ def spark(s3_env: dict[str, str]) -> Iterator[SparkSession]:
     session.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} not up after 120 s; see {log}") from None
-            time.sleep(0.2)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 # --- S3 ----------------------------------------------------------------------------------------
-
-BUCKET = "mvsink-tests"
 
 
 def _moto(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[dict[str, str]]:
-    """A moto S3 server in a subprocess with bucket ``BUCKET``; yields the options reaching it."""
-    port = free_port()
-    log = tmp_path_factory.mktemp(name) / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        _wait_for_port(proc, port, "moto S3 server", log)
-        options = {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        }
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=options["AWS_ENDPOINT_URL"],
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        ).create_bucket(Bucket=BUCKET)
+    with moto_server(tmp_path_factory.mktemp(name) / "server.log") as options:
         yield options
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="session")
@@ -197,10 +133,10 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession
             start_new_session=True,
         )
     try:
-        _wait_for_port(proc, port, "Spark Connect server", log)
+        wait_for_port(proc, port, "Spark Connect server", log)
         yield f"sc://127.0.0.1:{port}"
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 from mvsink import MVSink, StorageError, frontier
-from tests.conftest import BUCKET, free_port
 from tests.helpers import multiset
+from tests.s3server import BUCKET, free_port
 from tests.test_sink import people
 
 
