@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "bytes": report.bytes_written,
                     "files_rewritten": report.files_removed,
                     "files_read": report.files_read,
+                    "phases": {k: round(v, 3) for k, v in report.phases.items()},
                 }
             )
             t = time.perf_counter()
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"epoch {epoch}: mvsink {m['s']:.2f}s {m['bytes'] / 1e6:.1f}MB "
                 f"{m['files_rewritten']} rewritten ({m['files_read']} read)  |  "
-                f"merge {g['s']:.2f}s {g['bytes'] / 1e6:.1f}MB {g['files_rewritten']} rewritten",
+                f"merge {g['s']:.2f}s {g['bytes'] / 1e6:.1f}MB {g['files_rewritten']} rewritten  "
+                f"(mvsink {' '.join(f'{k}={v:.2f}' for k, v in m['phases'].items())})",
                 flush=True,
             )
         assert DeltaTable(ours).to_pyarrow_dataset().count_rows() == args.rows
