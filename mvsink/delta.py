@@ -1,4 +1,5 @@
-"""The Delta shim: the only module that imports ``deltalake``.
+"""The Delta shim: the only module that speaks the Delta log (``storage.py`` borrows delta-rs's
+object store for bytes).
 
 It speaks mvsink's verbs: load a snapshot (version, frontier, files, schema), create a table,
 and commit a set of added and removed files together with the frontier as one strict
@@ -52,7 +53,7 @@ _REFUSED_FEATURES = {
 }
 
 
-REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "memory")
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure")
 """URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
 
 

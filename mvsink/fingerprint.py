@@ -176,10 +176,18 @@ def _segment_sums(parts: U64, lengths: npt.NDArray[np.int64]) -> U64:
         return out
 
 
+# Bytes of string data hashed at once: the word table takes eight times as much.
+_BYTES_AT_ONCE = 1 << 24
+
+
 def _bytes(arr: pa.Array, seed: np.uint64) -> U64:
     """Length, then each 8-byte little-endian word (the last one zero-padded) chained through
     the finaliser with its index: per value, as many steps as it has words."""
     n = len(arr)
+    if n > 1 and arr.nbytes > _BYTES_AT_ONCE:
+        # Row-local, so slices hash alike: bound the temporary word table.
+        step = max(1, n * _BYTES_AT_ONCE // max(1, arr.nbytes))
+        return np.concatenate([_bytes(arr.slice(i, step), seed) for i in range(0, n, step)])
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     bufs = arr.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]

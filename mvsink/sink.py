@@ -59,6 +59,7 @@ from mvsink.errors import (
     ConfigError,
     ConflictError,
     InputError,
+    InvariantViolation,
     RetriesExhaustedError,
     Where,
 )
@@ -245,13 +246,14 @@ class _Epoch:
                 )
                 if isinstance(plan.inserts, DataFrame):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
-            ctx.drain()
-            if self.sink._before_commit is not None:
-                try:
+            try:
+                ctx.drain()
+                if self.sink._before_commit is not None:
                     self.sink._before_commit(snap)
-                except BaseException:
-                    self._discard(staged)
-                    raise
+                self._check_staged(staged)
+            except BaseException:
+                self._discard(staged)  # not committed: nothing can reference them (I4)
+                raise
             try:
                 with ctx.phase("commit"):
                     version = compare_and_append(
@@ -292,6 +294,17 @@ class _Epoch:
             "retry.max_attempts or make it commit less often.",
             self.where,
         )
+
+    def _check_staged(self, staged: Staged) -> None:
+        """Every staged file is in storage, whole, before a commit may reference it."""
+        if staged.folder and staged.adds:
+            gone = self.ctx.store.missing(staged.folder, staged.adds)
+            if gone:
+                raise InvariantViolation(
+                    f"{len(gone)} staged file(s) are missing or changed before the commit (e.g. "
+                    f"{gone[0]}); was a vacuum with a short retention running? Nothing was committed.",
+                    self.where,
+                )
 
     def _discard(self, staged: Staged) -> None:
         if staged.folder:

@@ -24,6 +24,7 @@ _EPOCH = dt.datetime(1970, 1, 1)
 def _leaves(schema: pa.Schema) -> dict[str, tuple[tuple[str, ...], pa.DataType]]:
     """Primitive leaves reachable through structs only, by their Parquet dotted path."""
     out: dict[str, tuple[tuple[str, ...], pa.DataType]] = {}
+    ambiguous: set[str] = set()
 
     def walk(prefix: tuple[str, ...], t: pa.DataType) -> None:
         if pa.types.is_struct(t):
@@ -31,7 +32,14 @@ def _leaves(schema: pa.Schema) -> dict[str, tuple[tuple[str, ...], pa.DataType]]
                 f = t.field(i)
                 walk((*prefix, f.name), f.type)
         elif not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t)):
-            out[".".join(prefix)] = (prefix, t)
+            key = ".".join(prefix)
+            if key in out or key in ambiguous:
+                # A column "a.b" beside a struct "a" with a field "b": Parquet names both
+                # "a.b", so neither's statistics can be told apart. Leave both out.
+                ambiguous.add(key)
+                out.pop(key, None)
+            else:
+                out[key] = (prefix, t)
 
     for f in schema:
         walk((f.name,), f.type)

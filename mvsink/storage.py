@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from mvsink.delta import DataFile, NewFile, is_local
-from mvsink.errors import InputError, StorageError, Where
+from mvsink.errors import InputError, InvariantViolation, StorageError, Where
 from mvsink.stats import metadata_stats
 
 log = logging.getLogger(__name__)
@@ -70,19 +70,18 @@ class Store:
         """All rows of ``file`` in ``schema`` (the table's columns in order), partition columns
         filled in from the values the log gives the file."""
         parts = set(partition_by)
-        data_fields = [f for f in schema if f.name not in parts]
         with self.fs.open_input_file(file.key) as fh:
             raw = pq.read_table(fh, columns=None)
+        stored = _by_name(raw.column_names, file.key)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {}
         for f in schema:
             if f.name in parts:
                 columns[f.name] = partition_array(file.partition_values.get(f.name), f.type, raw.num_rows)
-            elif f.name in raw.column_names:
-                columns[f.name] = _cast(raw.column(f.name), f.type)
+            elif f.name.lower() in stored:
+                columns[f.name] = _cast(raw.column(stored[f.name.lower()]), f.type)
             else:
                 # A column added to the table after this file was written: null in its rows.
                 columns[f.name] = pa.nulls(raw.num_rows, f.type)
-        del data_fields
         return pa.table(columns, schema=schema)
 
     def write(
@@ -142,6 +141,16 @@ class Store:
             out.close()
         return NewFile(path, buf.size, n, stats, dict(values))
 
+    def missing(self, folder: str, files: Sequence[NewFile]) -> list[str]:
+        """Staged files not (or not wholly) in storage under ``folder``: checked before a
+        commit references them (one listing)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        sizes = {i.path.lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+        if is_local(self.root):
+            base = self.root.rstrip("/") + "/"
+            sizes = {p.removeprefix(base): s for p, s in sizes.items()}
+        return [f.path for f in files if sizes.get(f.path) != f.size]
+
     def delete_folder(self, folder: str) -> None:
         """Delete every file under ``folder`` (one attempt's staged files); best-effort."""
         try:
@@ -187,6 +196,17 @@ def _handler(root: str, options: tuple[tuple[str, str], ...]) -> Any:
     return DeltaFileSystemHandler(root, dict(options))
 
 
+def _by_name(names: Sequence[str], path: str) -> dict[str, str]:
+    """A file's columns by lower-cased name: Delta matches column names without regard to case
+    (a foreign writer may store ``amount`` for the table's ``Amount``)."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name.lower() in out:
+            raise InvariantViolation(f"data file {path} holds columns {out[name.lower()]!r} and {name!r}")
+        out[name.lower()] = name
+    return out
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:500]
@@ -215,15 +235,18 @@ def _partition_groups(
         return
     keyed = rows.select(list(partition_by)).append_column("__i", pa.array(np.arange(rows.num_rows)))
     groups = keyed.group_by(list(partition_by), use_threads=False).aggregate([("__i", "list")])
-    for g in groups.to_pylist():
-        values = {c: partition_string(g[c]) for c in partition_by}
+    lists = groups.column("__i_list").combine_chunks()
+    offsets = lists.offsets.to_numpy()
+    members = lists.values
+    for g, key in enumerate(groups.select(list(partition_by)).to_pylist()):
+        values = {c: partition_string(key[c]) for c in partition_by}
         for c, v in values.items():
             if v == "":
                 raise InputError(
                     f"an empty string in partition column {c}: Delta partitions store it as null, so "
                     "the target could not equal desired; map it to null or another value"
                 )
-        yield values, pa.array(g["__i_list"], pa.int64())
+        yield values, members.slice(offsets[g], offsets[g + 1] - offsets[g])
 
 
 def partition_string(value: Any) -> str | None:

@@ -36,6 +36,8 @@ from mvsink.storage import Store, Written
 
 # Threads moving files on the driver (object stores are latency-bound).
 IO_THREADS = 8
+# A Spark write task writes a file once it holds this many bytes, whatever max_rows_per_file.
+TASK_BUFFER_BYTES = 256 << 20
 # Marks an mvsink input error raised inside a Spark task, so the driver can raise it as one.
 _TASK_INPUT_ERROR = "mvsink-input-error: "
 
@@ -59,12 +61,21 @@ class Rewrite:
     """A file holding retracted rows: it is replaced by a copy without the rows at ``drop``."""
 
     file: DataFile
-    rows: pa.Table
-    """The file's rows as read for planning (the table's columns)."""
+    rows: pa.Table | None
+    """The file's rows if read for planning (the table's columns); None: read when staging."""
     drop: I64
     """Positions (row indices) to drop, sorted."""
     fps: tuple[I64, I64] | None = None
     """The rows' fingerprints (complete mode), so the kept rows' need no hashing."""
+
+    @property
+    def size(self) -> int | None:
+        """Rows in the file, if known without reading it."""
+        if self.rows is not None:
+            return int(self.rows.num_rows)
+        if self.fps is not None:
+            return len(self.fps[0])
+        return self.file.num_records
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,8 @@ def stage(
         written: list[Written] = []
         with ThreadPoolExecutor(IO_THREADS) as pool:
             jobs = [
-                pool.submit(_write_kept, store, folder, r, parts, max_rows_per_file) for r in plan.rewrites
+                pool.submit(_write_kept, store, folder, r, layout, max_rows_per_file, where)
+                for r in plan.rewrites
             ]
             if isinstance(plan.inserts, pa.Table):
                 rows, fps = _clustered(plan.inserts, plan.insert_fps, cluster_by)
@@ -142,10 +154,12 @@ def stage(
                     indexed=plan.indexed,
                     where=where,
                 )
+            kept = 0
             for job in jobs:
-                written += job.result()
+                n, files = job.result()
+                kept += n
+                written += files
         written = [w for w in written if w.file.num_records > 0]
-        kept = sum(r.rows.num_rows - len(r.drop) for r in plan.rewrites)
         total = sum(w.file.num_records for w in written)
         needed = None if plan.inserted is None else kept + plan.inserted
         if (needed is not None and total != needed) or total < kept:
@@ -189,15 +203,28 @@ def _clustered(
 
 
 def _write_kept(
-    store: Store, folder: str, rewrite: Rewrite, partition_by: Sequence[str], max_rows_per_file: int
-) -> list[Written]:
-    keep = np.ones(rewrite.rows.num_rows, dtype=bool)
+    store: Store, folder: str, rewrite: Rewrite, layout: Layout, max_rows_per_file: int, where: Where
+) -> tuple[int, list[Written]]:
+    """Write a rewritten file's kept rows; returns how many rows it kept. The file is read here
+    unless planning read it, and released once written (one file per thread at a time); a
+    file whose every row goes is not read at all."""
+    if rewrite.size is not None and len(rewrite.drop) == rewrite.size:
+        return 0, []
+    rows = rewrite.rows
+    if rows is None:
+        rows = store.read(rewrite.file, layout.arrow, layout.partition_by)
+        if rewrite.size is not None and rows.num_rows != rewrite.size:
+            raise InvariantViolation(
+                f"{rewrite.file.path} read back with {rows.num_rows} rows, indexed with {rewrite.size}",
+                where,
+            )
+    keep = np.ones(rows.num_rows, dtype=bool)
     keep[rewrite.drop] = False
     if not keep.any():
-        return []
-    kept = rewrite.rows.filter(pa.array(keep))
+        return 0, []
+    kept = rows.filter(pa.array(keep))
     fps = None if rewrite.fps is None else (rewrite.fps[0][keep], rewrite.fps[1][keep])
-    return store.write(folder, kept, partition_by, max_rows_per_file, fps)
+    return kept.num_rows, store.write(folder, kept, layout.partition_by, max_rows_per_file, fps)
 
 
 # --- Spark tasks -----------------------------------------------------------------------------
@@ -253,13 +280,14 @@ def _write_task(
 ) -> Iterator[pa.RecordBatch]:
     """Runs in a Spark task: buffer up to a file's worth of rows, write, report the files."""
     buffer: list[pa.RecordBatch] = []
-    held = 0
+    held = size = 0
     for batch in batches:
         buffer.append(batch)
         held += batch.num_rows
-        if held >= max_rows_per_file:
+        size += batch.nbytes
+        if held >= max_rows_per_file or size >= TASK_BUFFER_BYTES:
             yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
-            buffer, held = [], 0
+            buffer, held, size = [], 0, 0
     if held:
         yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
 

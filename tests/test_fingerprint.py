@@ -145,3 +145,24 @@ def test_rows_read_from_a_spark_written_file_hash_like_rows_collected_from_spark
     ca, cb = fingerprints(collected)
     ra, rb = fingerprints(read)
     assert np.array_equal(ca[order_c], ra[order_r]) and np.array_equal(cb[order_c], rb[order_r])
+
+
+def test_a_dotted_column_beside_a_struct_gets_no_statistics_it_could_be_confused_with():
+    import json
+
+    from mvsink.stats import metadata_stats
+
+    table = pa.table(
+        {
+            "a.b": pa.array([None, None, 1], pa.int64()),
+            "a": pa.array([{"b": None}, {"b": 7}, {"b": 8}], pa.struct([("b", pa.int64())])),
+            "c": pa.array([1, 2, 3], pa.int64()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    writer = pq.ParquetWriter(sink, table.schema)
+    writer.write_table(table)
+    writer.close()
+    n, text = metadata_stats(writer.writer.metadata)
+    stats = json.loads(text)
+    assert n == 3 and stats["maxValues"] == {"c": 3} and stats["nullCount"] == {"c": 0}

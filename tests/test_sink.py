@@ -7,6 +7,7 @@ import math
 import os
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
@@ -305,3 +306,50 @@ def test_timestamps_at_the_end_of_time_keep_the_stream_going(spark, target):
     assert max(s["maxValues"]["id"] for s in stats) == 3
     again = sink(desired, 1)
     assert (again.inserted, again.retracted) == (0, 0)
+
+
+def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothing(spark, target):
+    from mvsink import InvariantViolation
+    from tests.helpers import store
+
+    sink = MVSink(target, "vanish")
+    sink(people(spark, range(10)), 0)
+
+    def vacuum_too_eager(snap: object) -> None:
+        staged = data_files_on_disk(target) - live_files(target)
+        store(target).fs.delete_file(sorted(staged)[0])
+
+    sink._before_commit = vacuum_too_eager
+    with pytest.raises(InvariantViolation, match="missing or changed before the commit"):
+        sink(people(spark, range(5, 15)), 1)
+    assert versions(target) == [0]
+    assert data_files_on_disk(target) == live_files(target)  # the attempt's files are gone
+
+
+def test_a_file_whose_every_row_goes_is_removed_without_being_read(spark, target):
+    sink = MVSink(target, "drop", max_rows_per_file=5)
+    sink(people(spark, range(20)), 0)
+    report = sink(people(spark, range(10, 20)), 1)  # the files holding ids 0..9 go whole
+    assert report.retracted == 10 and report.inserted == 0
+    assert report.files_read == 0 and report.files_added == 0
+    assert_equal_to(target, people(spark, range(10, 20)))
+
+
+def test_a_foreign_file_naming_a_column_in_another_case_is_read_by_name(spark, target):
+    from tests.helpers import put_parquet
+
+    sink = MVSink(target, "case", mode="upsert", key=["id"])
+    sink(spark.createDataFrame([(1, 10), (2, 20)], "id long, Amount long"), 0)
+    # Another writer stores the column as "amount": Delta matches names regardless of case.
+    size = put_parquet(target, "foreign.parquet", pa.table({"id": [3, 4], "amount": [30, 40]}))
+    from deltalake.transaction import AddAction
+
+    dtable = DeltaTable(target)
+    dtable.create_write_transaction(
+        [AddAction("foreign.parquet", size, {}, 0, True, '{"numRecords":2}')],
+        mode="append",
+        schema=dtable.schema(),
+    )
+    sink(spark.createDataFrame([(3, 31)], "id long, Amount long"), 1)  # rewrites the foreign file
+    got = {r["id"]: r["Amount"] for r in target_table(target).to_pylist()}
+    assert got == {1: 10, 2: 20, 3: 31, 4: 40}
