@@ -181,7 +181,7 @@ def main() -> None:
     p.add_argument("--pattern", choices=["random", "keyed"], default="random")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--merge-epochs", type=int, default=2, help="MERGE is slow: epochs to run it for")
-    p.add_argument("--file-rows", type=int, default=250_000)
+    p.add_argument("--file-rows", type=int, default=50_000)
     p.add_argument("--cluster", action="store_true", help="mvsink cluster_by=('id',)")
     p.add_argument("--store", choices=["local", "s3"], default="local")
     p.add_argument("--out", default="bench/out")

@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument("--changes", type=int, default=10_000)
     p.add_argument("--pattern", choices=["clustered", "scattered"], default="scattered")
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--file-rows", type=int, default=250_000)
+    p.add_argument("--file-rows", type=int, default=50_000)
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
     result = run(args)

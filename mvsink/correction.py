@@ -12,7 +12,7 @@ one removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -120,11 +120,59 @@ def _sorted_runs(a: I64, b: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
 
 
 def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
-    """desired - persisted as a ``Correction`` (see the module doc)."""
+    """desired - persisted as a ``Correction`` (see the module doc).
+
+    Most rows of a steady view are held once and wanted once: those pairs are settled first
+    by sorting each side and matching (``_unique_pairs``), and the full multiset algorithm
+    runs on the rest only. Each fingerprint is settled whole or not at all, so the rest holds
+    complete multisets and the result is the same.
+    """
     nd, np_ = len(desired), len(persisted)
-    z = np.zeros(0, dtype=np.int64)
     if np_ and (persisted.file is None or persisted.pos is None):
         raise ValueError("persisted fingerprints need file and pos")
+    if nd and np_:
+        d_left, p_left = _unique_pairs(desired, persisted)
+        if len(d_left) < nd:
+            assert persisted.file is not None and persisted.pos is not None
+            rest = _diff(
+                Fingerprints(desired.a[d_left], desired.b[d_left]),
+                Fingerprints(
+                    persisted.a[p_left], persisted.b[p_left], persisted.file[p_left], persisted.pos[p_left]
+                ),
+            )
+            return replace(rest, desired_rows=nd, insert_rows=d_left[rest.insert_rows])
+    return _diff(desired, persisted)
+
+
+def _unique_pairs(desired: Fingerprints, persisted: Fingerprints) -> tuple[I64, I64]:
+    """The desired and persisted rows left once every fingerprint held exactly once on each
+    side (its first lane unique on both sides too) is set aside as unchanged."""
+    d_order, p_order = np.argsort(desired.a), np.argsort(persisted.a)
+    ds, ps = desired.a[d_order], persisted.a[p_order]
+    d_alone, p_alone = _alone(ds), _alone(ps)
+    at = np.minimum(np.searchsorted(ps, ds), len(ps) - 1)
+    same = (ps[at] == ds) & d_alone & p_alone[at]
+    same &= desired.b[d_order] == persisted.b[p_order[at]]
+    d_settled = np.zeros(len(ds), dtype=bool)
+    d_settled[d_order[same]] = True
+    p_settled = np.zeros(len(ps), dtype=bool)
+    p_settled[p_order[at[same]]] = True
+    return np.flatnonzero(~d_settled), np.flatnonzero(~p_settled)
+
+
+def _alone(sorted_a: I64) -> npt.NDArray[np.bool_]:
+    """Which elements of a sorted array have no equal neighbour."""
+    alone = np.ones(len(sorted_a), dtype=bool)
+    twin = sorted_a[1:] == sorted_a[:-1]
+    alone[1:] &= ~twin
+    alone[:-1] &= ~twin
+    return alone
+
+
+def _diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
+    """The multiset difference by one sort of both sides together (duplicates, collisions)."""
+    nd, np_ = len(desired), len(persisted)
+    z = np.zeros(0, dtype=np.int64)
     p_file = persisted.file if persisted.file is not None else z
     p_pos = persisted.pos if persisted.pos is not None else z
     n = nd + np_

@@ -66,3 +66,31 @@ def test_empty_sides() -> None:
     assert corr.inserted == 2 and corr.inserts_all_desired
     corr = diff(desired_of([]), persisted_of([[(1, 2)]]))
     assert corr.retracted == 1 and corr.inserted == 0
+
+
+def _apply(corr, desired: list, files: list) -> Counter:
+    drop = corr.retracted_positions()
+    kept = Counter(
+        k for f, rows in enumerate(files) for p, k in enumerate(rows) if p not in set(drop.get(f, []))
+    )
+    return kept + Counter(desired[i] for i in corr.insert_rows)
+
+
+# Mostly distinct values, as in a steady view: the matched-once fast path does most of the work.
+wide = st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1))
+mixed = st.one_of(wide, wide, wide, fp, st.tuples(st.just(7), st.integers(-2, 2)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(mixed, max_size=40), st.lists(st.lists(mixed, max_size=8), max_size=6), st.randoms())
+def test_the_inserted_rows_and_retractions_yield_desired(desired: list, files: list, rnd) -> None:
+    # Desired shares most of persisted's rows, in another order.
+    shared = [k for rows in files for k in rows if rnd.random() < 0.8]
+    desired = desired + shared
+    rnd.shuffle(desired)
+    corr = diff(desired_of(desired), persisted_of(files))
+    assert _apply(corr, desired, files) == Counter(desired)
+    have = Counter(k for rows in files for k in rows)
+    assert corr.inserted == len(corr.insert_rows) == sum((Counter(desired) - have).values())
+    assert corr.retracted == sum((have - Counter(desired)).values())
+    assert corr.inserts_all_desired == (corr.inserted == len(desired))
