@@ -208,7 +208,12 @@ def _write_kept(
     """Write a rewritten file's kept rows; returns how many rows it kept. The file is read here
     unless planning read it, and released once written (one file per thread at a time); a
     file whose every row goes is not read at all."""
-    if rewrite.size is not None and len(rewrite.drop) == rewrite.size:
+    drop = rewrite.drop
+    if len(drop) and (drop[0] < 0 or (len(drop) > 1 and not bool(np.all(drop[1:] > drop[:-1])))):
+        raise InvariantViolation(
+            f"positions to drop from {rewrite.file.path} are not distinct and sorted", where
+        )
+    if rewrite.size is not None and len(drop) == rewrite.size:
         return 0, []
     rows = rewrite.rows
     if rows is None:
