@@ -33,6 +33,7 @@ from mvsink.errors import (
     CommitOutcomeUnknownError,
     ConflictError,
     MVSinkError,
+    StorageError,
     UnsupportedTableError,
     Where,
 )
@@ -147,6 +148,11 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         return Snapshot(root, None, None, None, (), (), storage_options=dict(storage_options))
     except DeltaError as exc:
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
+    except OSError as exc:  # the object store: endpoint, credentials, bucket
+        raise StorageError(
+            f"cannot read the Delta log at {root}: {str(exc).strip().splitlines()[0][:500]}",
+            where,
+        ) from exc
     features = _check_features(dt, where)
     meta = dt.metadata()
     actions = pa.table(dt.get_add_actions(flatten=True))

@@ -254,9 +254,7 @@ def write_frame(
     order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
     if order:
         rows = rows.sortWithinPartitions(*order)
-    task = functools.partial(
-        _write_task, store, folder, layout.arrow, layout.partition_by, max_rows_per_file, indexed
-    )
+    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, indexed)
     try:
         table = rows.mapInArrow(task, _FILES).toArrow()
     except Exception as exc:
@@ -274,66 +272,63 @@ def write_frame(
     return out
 
 
-def _write_task(
-    store: Store,
-    folder: str,
-    schema: pa.Schema,
-    partition_by: tuple[str, ...],
-    max_rows_per_file: int,
-    indexed: bool,
-    batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    """Runs in a Spark task: buffer up to a file's worth of rows, write, report the files."""
-    buffer: list[pa.RecordBatch] = []
-    held = size = 0
-    for batch in batches:
-        buffer.append(batch)
-        held += batch.num_rows
-        size += batch.nbytes
-        if held >= max_rows_per_file or size >= TASK_BUFFER_BYTES:
-            yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
-            buffer, held, size = [], 0, 0
-    if held:
-        yield from _flush(store, folder, schema, partition_by, max_rows_per_file, indexed, buffer)
+_FILES_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+        ("stats", pa.string()),
+        ("partition_values", pa.string()),
+        ("fp_a", pa.binary()),
+        ("fp_b", pa.binary()),
+    ]
+)
 
 
-def _flush(
-    store: Store,
-    folder: str,
-    schema: pa.Schema,
-    partition_by: tuple[str, ...],
-    max_rows_per_file: int,
-    indexed: bool,
-    buffer: list[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    rows = pa.Table.from_batches(buffer).cast(schema)
-    fps = fingerprints(rows) if indexed else None
-    try:
-        written = store.write(folder, rows, partition_by, max_rows_per_file, fps)
-    except InputError as exc:
-        raise ValueError(_TASK_INPUT_ERROR + exc.message) from None
-    yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "path": w.file.path,
-                "size": w.file.size,
-                "rows": w.file.num_records,
-                "stats": w.file.stats,
-                "partition_values": json.dumps(dict(w.file.partition_values)),
-                "fp_a": None if w.fp_a is None else w.fp_a.tobytes(),
-                "fp_b": None if w.fp_b is None else w.fp_b.tobytes(),
-            }
-            for w in written
-        ],
-        schema=pa.schema(
+@dataclass(frozen=True)
+class _TaskWriter:
+    """Runs in a Spark task (picklable): buffer up to a file's worth of rows, write them with
+    ``Store.write``, report the files (``_FILES``)."""
+
+    store: Store
+    folder: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    max_rows_per_file: int
+    indexed: bool
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        buffer: list[pa.RecordBatch] = []
+        held = size = 0
+        for batch in batches:
+            buffer.append(batch)
+            held += batch.num_rows
+            size += batch.nbytes
+            if held >= self.max_rows_per_file or size >= TASK_BUFFER_BYTES:
+                yield self._flush(buffer)
+                buffer, held, size = [], 0, 0
+        if held:
+            yield self._flush(buffer)
+
+    def _flush(self, buffer: list[pa.RecordBatch]) -> pa.RecordBatch:
+        rows = pa.Table.from_batches(buffer).cast(self.schema)
+        fps = fingerprints(rows) if self.indexed else None
+        try:
+            written = self.store.write(self.folder, rows, self.partition_by, self.max_rows_per_file, fps)
+        except InputError as exc:
+            raise ValueError(_TASK_INPUT_ERROR + exc.message) from None
+        return pa.RecordBatch.from_pylist(
             [
-                ("path", pa.string()),
-                ("size", pa.int64()),
-                ("rows", pa.int64()),
-                ("stats", pa.string()),
-                ("partition_values", pa.string()),
-                ("fp_a", pa.binary()),
-                ("fp_b", pa.binary()),
-            ]
-        ),
-    )
+                {
+                    "path": w.file.path,
+                    "size": w.file.size,
+                    "rows": w.file.num_records,
+                    "stats": w.file.stats,
+                    "partition_values": json.dumps(dict(w.file.partition_values)),
+                    "fp_a": None if w.fp_a is None else w.fp_a.tobytes(),
+                    "fp_b": None if w.fp_b is None else w.fp_b.tobytes(),
+                }
+                for w in written
+            ],
+            schema=_FILES_SCHEMA,
+        )

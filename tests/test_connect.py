@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from mvsink import DuplicateKeyError, MVSink, frontier
 from tests.helpers import assert_equal_to, multiset, target_table, versions
 from tests.test_sink import foreign_append
-from tests.test_streaming import expected, write_orders
+from tests.test_streaming import expected, run_available, write_orders
 
 SCHEMA = "id long, name string, x double"
 
@@ -61,31 +61,15 @@ def test_upsert_and_append_under_connect(connect, target):
     assert target_table(target + "-log").num_rows == 2
 
 
-def _run(connect, source, target, ckpt):
-    from pyspark.sql import functions as F
-
-    orders = connect.readStream.schema("product string, amount long").csv(source)
-    view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
-    query = (
-        view.writeStream.outputMode("complete")
-        .foreachBatch(MVSink(target, "revenue"))
-        .option("checkpointLocation", ckpt)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None
-
-
 def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, target):
     source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
     write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 1)])
-    _run(connect, source, target, ckpt)
+    run_available(connect, source, target, ckpt)  # the sink runs next to the server
     assert_equal_to(target, expected(connect, source))
     first = frontier(target, "revenue")
     assert first is not None
     write_orders(source, "b", [("p3", 2), ("p2", 1)])
-    _run(connect, source, target, ckpt)  # a restarted query, from its checkpoint
+    run_available(connect, source, target, ckpt)  # a restarted query, from its checkpoint
     assert_equal_to(target, expected(connect, source))
     assert frontier(target, "revenue") > first
     assert os.path.isdir(ckpt)

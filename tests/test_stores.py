@@ -94,3 +94,16 @@ def test_missing_credentials_are_one_clear_error(spark, s3_target, s3_options, m
         sink(people(spark, range(3)), 0)
     assert s3_target in str(err.value)
     assert DeltaTable.is_deltatable(s3_target, storage_options=s3_options) is False
+
+
+def test_a_store_lost_after_the_first_epoch_is_a_storage_error(spark, tmp_path):
+    from tests.s3server import moto_server
+
+    with moto_server(tmp_path / "moto.log") as options:
+        target = f"s3://{BUCKET}/lost/view"
+        sink = MVSink(target, "lost", storage_options=options)
+        sink(people(spark, range(5)), 0)
+    # The server is gone (an outage, expired credentials): one clear error, not an OSError.
+    with pytest.raises(StorageError) as err:
+        sink(people(spark, range(3)), 1)
+    assert err.value.target == target and err.value.epoch == 1
