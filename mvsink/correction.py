@@ -67,14 +67,6 @@ class Correction:
     def inserted(self) -> int:
         return int(self.whole_copies + self.part_n.sum())
 
-    def inserted_a(self) -> I64:
-        """The first fingerprint of every inserted row (copies repeated)."""
-        return np.concatenate([np.repeat(self.whole_a, self.whole_n), np.repeat(self.part_a, self.part_n)])
-
-    def inserted_b(self) -> I64:
-        """The second fingerprint of every inserted row, aligned with ``inserted_a``."""
-        return np.concatenate([np.repeat(self.whole_b, self.whole_n), np.repeat(self.part_b, self.part_n)])
-
     @property
     def retracted(self) -> int:
         return len(self.retract_file)

@@ -9,6 +9,7 @@ compare-and-append. Every delta-rs error is mapped to an mvsink error here.
 from __future__ import annotations
 
 import datetime
+import decimal
 import logging
 import os
 import time
@@ -184,13 +185,22 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
 
 
 def partition_string(value: Any) -> str | None:
-    """A partition value as Delta serialises it."""
+    """A typed partition value as the Delta log stores it (timestamps in UTC, as
+    ``yyyy-mm-dd hh:mm:ss.ffffff``; decimals exact)."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, datetime.date | datetime.datetime):
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+        return str(value.isoformat(sep=" ", timespec="microseconds"))
+    if isinstance(value, datetime.date):
         return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="surrogateescape")
     return str(value)
 
 

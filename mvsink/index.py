@@ -83,9 +83,6 @@ class PersistedIndex:
             self._files[f.key] = entry
         return len(missing)
 
-    def __len__(self) -> int:
-        return sum(len(e) for e in self._files.values())
-
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
         """The persisted side over ``files``: file numbers index into ``files``."""
         entries = [self._files[f.key] for f in files]

@@ -91,11 +91,6 @@ def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def file_stats(path: str) -> tuple[int, str]:
-    """``(num_records, stats_json)`` for the Parquet file at ``path``."""
-    return metadata_stats(pq.read_metadata(path))
-
-
 def metadata_stats(md: pq.FileMetaData) -> tuple[int, str]:
     """``(num_records, stats_json)`` from a Parquet footer (e.g. one just written)."""
     leaves = _leaves(md.schema.to_arrow_schema())

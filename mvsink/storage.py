@@ -30,11 +30,10 @@ from urllib.parse import quote as url_quote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from mvsink.delta import DataFile, NewFile, is_local
+from mvsink.delta import DataFile, NewFile, is_local, partition_string
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where
 from mvsink.stats import metadata_stats
 
@@ -249,25 +248,6 @@ def _partition_groups(
         yield values, members.slice(offsets[g], offsets[g + 1] - offsets[g])
 
 
-def partition_string(value: Any) -> str | None:
-    """A typed partition value as the Delta log stores it."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        return str(value.isoformat(sep=" ", timespec="microseconds"))
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return format(value, "f")
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="surrogateescape")
-    return str(value)
-
-
 def partition_array(value: str | None, to: pa.DataType, n: int) -> pa.Array:
     """``n`` copies of a partition value from the log, typed as ``to``."""
     if value is None:
@@ -296,13 +276,3 @@ def partition_array(value: str | None, to: pa.DataType, n: int) -> pa.Array:
         typed = value
     one = pa.array([typed], to)
     return one.take(pa.array(np.zeros(n, dtype=np.int64))) if n != 1 else one
-
-
-def empty_strings(rows: pa.Table, columns: Sequence[str]) -> list[str]:
-    """The string columns among ``columns`` that hold an empty string in ``rows``."""
-    bad = []
-    for c in columns:
-        col = rows.column(c)
-        if pa.types.is_string(col.type) and pc.any(pc.equal(col, "")).as_py():
-            bad.append(c)
-    return bad
