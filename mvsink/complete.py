@@ -1,18 +1,20 @@
 """Complete mode: each micro-batch is the whole view; the target is made equal to it.
 
-On the driver, per epoch:
+Two placements compute the same correction (``placement`` option):
 
-1. One Spark job brings desired to the driver as Arrow (checking the target's rules in the
-   same pass); it is fingerprinted there (``fingerprint.py``) once, whatever the attempts.
-2. Per attempt, the index (``index.py``) is brought level with the snapshot, and the numpy
-   diff (``correction.py``) says which desired rows to insert and which stored rows (file,
-   position) to retract.
-3. The inserted rows are taken from the Arrow in hand; each file holding a retracted row is
-   read through the I/O layer, and its kept rows and their fingerprints (its index entry less
-   the dropped positions: nothing is re-hashed) are written back.
+* On the driver, per epoch: one Spark job brings desired to the driver as Arrow (checking the
+  target's rules in the same pass); it is fingerprinted there (``fingerprint.py``) once,
+  whatever the attempts. Per attempt, the index (``index.py``) is brought level with the
+  snapshot and the numpy diff (``correction.py``) says which desired rows to insert and which
+  stored rows (file, position) to retract. Inserted rows are taken from the Arrow in hand;
+  each file holding a retracted row is read through the I/O layer and its kept rows (and
+  their fingerprints, its entry less the dropped positions) are written back.
+* Distributed (``distributed.py``): the same steps as Spark jobs and tasks, for views whose
+  fingerprints do not fit the driver.
 
 A first epoch on an empty target is an initial load, possibly large: desired is written by
-Spark tasks and never collected; the tasks hand back each file's fingerprints for the index.
+Spark tasks and never collected, whatever the placement; the tasks store each file's index
+entry.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pyspark.sql import functions as F
 from mvsink.context import EpochContext
 from mvsink.correction import I64, Fingerprints, diff
 from mvsink.delta import Snapshot
+from mvsink.distributed import SparkCorrection, correction, persisted_rows, with_fingerprints
 from mvsink.fingerprint import fingerprints, quote
-from mvsink.index import PersistedIndex
+from mvsink.index import PersistedIndex, StoredIndex
 from mvsink.rules import RULE, Rules, raise_broken, table_rules
-from mvsink.write import Layout, Plan, Rewrite, Staged
+from mvsink.write import Layout, Plan, Rewrite, Staged, raise_task_errors
 
 log = logging.getLogger(__name__)
 
@@ -41,34 +44,30 @@ class Complete:
     def __init__(self, ctx: EpochContext, index: PersistedIndex) -> None:
         self.ctx = ctx
         self.index = index
+        self.stored: StoredIndex | None = None
+        # The driver path: desired, collected once per epoch, and its fingerprints.
         self.rows: pa.Table | None = None
         self.fps: Fingerprints | None = None
         self.cached: DataFrame | None = None
+        # The distributed path: desired with its fingerprints (cached for the epoch, for the
+        # layout it was hashed with), and the frames cached by the current attempt.
+        self.hashed: tuple[Layout, DataFrame] | None = None
+        self.attempt: list[SparkCorrection | DataFrame] = []
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx = self.ctx
+        self._release_attempt()
         rules = table_rules(snap, ctx.where)
-        desired = ctx.batch.select(*[F.col(quote(c)) for c in layout.struct.names])
-        if not snap.files and self.rows is None:
-            if rules:  # the rows checked must be the rows written: one evaluation, cached
-                if self.cached is None:
-                    self.cached = desired.persist(StorageLevel.MEMORY_AND_DISK)
-                desired = self.cached
-            ctx.enforce(desired, rules)
-            return Plan(desired, None, indexed=True)
-        held = sum(f.num_records or 0 for f in snap.files)
-        if held > ctx.opts.driver_max_rows and self.rows is None:
-            log.warning(
-                "%s: the target holds %d rows, above driver_max_rows=%d; planning on the driver "
-                "anyway (the distributed path is not built yet), which needs memory for them",
-                ctx.where,
-                held,
-                ctx.opts.driver_max_rows,
-            )
+        self.stored = StoredIndex.of(ctx.store, ctx.opts.name, layout.arrow)
+        if not snap.files and self.rows is None and self.hashed is None:
+            return self._initial_load(layout, rules)
+        self.index.sweep_once(self.stored, snap, ctx.where)
+        if self._placement(snap) == "distributed":
+            return self._plan_distributed(snap, layout, rules)
         self._collect(layout, rules)
         assert self.rows is not None and self.fps is not None
         with ctx.phase("index"):
-            ctx.files_read += self.index.sync(ctx.store, snap, layout.arrow, ctx.where)
+            ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
         with ctx.phase("diff"):
             corr = diff(self.fps, self.index.persisted(snap.files))
         rewrites = self._rewrites(snap, corr.retracted_positions())
@@ -79,8 +78,65 @@ class Complete:
             len(rows),
             rewrites,
             insert_fps=(self.fps.a[rows], self.fps.b[rows]),
-            indexed=True,
+            index=self.stored,
         )
+
+    def _placement(self, snap: Snapshot) -> str:
+        opts = self.ctx.opts
+        if opts.placement != "auto":
+            return opts.placement
+        held = sum(f.num_records or 0 for f in snap.files)
+        return "distributed" if held > opts.driver_max_rows else "driver"
+
+    def _initial_load(self, layout: Layout, rules: Rules) -> Plan:
+        """Desired written by Spark tasks as it is, never collected."""
+        ctx = self.ctx
+        desired = ctx.batch.select(*[F.col(quote(c)) for c in layout.struct.names])
+        if rules:  # the rows checked must be the rows written: one evaluation, cached
+            if self.cached is None:
+                self.cached = desired.persist(StorageLevel.MEMORY_AND_DISK)
+            desired = self.cached
+        ctx.enforce(desired, rules)
+        return Plan(desired, None, index=self.stored)
+
+    def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
+        ctx = self.ctx
+        assert self.stored is not None
+        if self.hashed is None or self.hashed[0] != layout:
+            if self.hashed is not None:
+                self.hashed[1].unpersist()
+            hashed = with_fingerprints(ctx.batch, layout)
+            self.hashed = (layout, hashed.persist(StorageLevel.MEMORY_AND_DISK))
+            ctx.checked_rules = None
+        desired = self.hashed[1]
+        ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
+        spark = ctx.batch.sparkSession
+        try:
+            with ctx.phase("index"):
+                persisted = persisted_rows(spark, snap, self.stored, layout)
+                persisted = persisted.persist(StorageLevel.MEMORY_AND_DISK)
+                self.attempt.append(persisted)
+            with ctx.phase("diff"):
+                corr = correction(spark, desired, persisted, snap, layout)
+                self.attempt.append(corr)
+        except Exception as exc:
+            raise_task_errors(exc, ctx.where)
+            raise
+        ctx.batch_ran = True  # the diff ran every partition of desired
+        return Plan(
+            corr.inserts if corr.inserted else None,
+            corr.inserted,
+            corr.rewrites if corr.retracted else (),
+            index=self.stored,
+        )
+
+    def _release_attempt(self) -> None:
+        for held in self.attempt:
+            if isinstance(held, DataFrame):
+                held.unpersist()
+            else:
+                held.close()
+        self.attempt = []
 
     def _collect(self, layout: Layout, rules: Rules) -> None:
         """Bring desired (and the rule each row breaks, if any) to the driver, once."""
@@ -113,11 +169,18 @@ class Complete:
     def committed(self, staged: Staged) -> None:
         """Keep the index equal to the new version's files (the snapshot's, less removes, plus
         ours) so the next epoch reads nothing back."""
-        self.index.forget(f.key for f in staged.removes)
-        for add, entry in zip(staged.adds, staged.entries, strict=True):
-            self.index.put(add.path, entry)
+        removed = [f.key for f in staged.removes]
+        self.index.forget(removed)
+        for path, entry in staged.entries.items():
+            self.index.put(path, entry)
+        if self.stored is not None:
+            self.stored.forget(removed)
 
     def close(self) -> None:
+        self._release_attempt()
+        if self.hashed is not None:
+            self.hashed[1].unpersist()
+            self.hashed = None
         self.rows = None
         if self.cached is not None:
             self.cached.unpersist()

@@ -80,9 +80,13 @@ class SinkOptions(_Frozen):
     cache_desired: bool = True
     """Kept for old configs; no effect. Desired is evaluated once per epoch (complete mode
     collects it once; upsert mode caches the ranked batch; tasks write an initial load once)."""
+    placement: Literal["auto", "driver", "distributed"] = "auto"
+    """Where the correction is computed: ``driver``, on the driver with numpy (the view's
+    fingerprints, 16 bytes a row, in its memory; fastest for views that fit); ``distributed``,
+    by Spark (nothing row-sized on the driver; scales with the cluster); ``auto``, the driver
+    while the target holds at most ``driver_max_rows`` rows, else distributed."""
     driver_max_rows: int = Field(20_000_000, ge=1)
-    """Views up to this many rows are planned on the driver (16 bytes a row of index). Above
-    it the distributed path takes over once it exists; until then a warning says so."""
+    """With ``placement = "auto"``: the largest target (in rows) planned on the driver."""
     storage_options: dict[str, str] = Field(default_factory=dict)
     """Passed to delta-rs and the I/O layer for the target: endpoint, credentials, region ...
     (the keys delta-rs documents per store, e.g. ``AWS_ENDPOINT_URL``, ``AWS_REGION``)."""

@@ -30,6 +30,9 @@ import pyarrow as pa
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 
+FINGERPRINT_VERSION = 1
+"""Bumped whenever a row's fingerprint changes: stored index entries of another version are
+not used (``index.py``)."""
 FP_A = "__mvsink_fp_a"
 FP_B = "__mvsink_fp_b"
 

@@ -2,34 +2,50 @@
 
 Delta data files are immutable and their paths unique, so an entry, once computed, stays true
 for as long as the file is in the table; the index never needs invalidating, only extending.
-Each epoch ``sync`` drops entries of files that left the snapshot and reads, through the I/O
-layer, only the files it has not seen (another writer's commit, a compaction, a restart),
-hashing them where they are read. Files this sink stages are indexed as they are written. The
-persisted side of an epoch is then the concatenation of the entries of the snapshot's files.
+
+The index lives in storage (``StoredIndex``), one small Parquet file per data file under the
+table's hidden folder::
+
+    _mvsink/<view>/index/<layout digest>/<digest of the data file's path>.parquet
+
+It is written by whoever writes the data file (the driver or a Spark task), before the commit,
+so a restarted sink reads the index and not the table. A file first seen in the table without
+an entry (another writer's, a compaction's, a crash's) is read and hashed once, and its entry
+written. An entry names its data file's path, size and row count, and is used only when they
+match the log's; an entry of a file that never committed, or left the table, is harmless and is
+swept (``StoredIndex.sweep``). The layout digest covers the table's Arrow schema and the
+fingerprint version, so a schema change starts a new index instead of misreading the old.
+Vacuum leaves ``_``-prefixed folders alone: the sink prunes them itself.
+
+On the driver (``PersistedIndex``) the entries of the snapshot's files are also held in memory,
+so a steady epoch reads nothing at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import InvariantViolation, Where
-from mvsink.fingerprint import fingerprints
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from mvsink.storage import Store
+from mvsink.fingerprint import FINGERPRINT_VERSION, fingerprints
+from mvsink.storage import Store
 
 log = logging.getLogger(__name__)
 _THREADS = 8
+SWEEP_EVERY = 100
+"""Epochs between sweeps of the stored index (the first epoch of a sink sweeps)."""
+HIDDEN = "_mvsink"
+"""The table's folder for mvsink's own files (Delta readers and vacuum ignore ``_`` folders)."""
+_ENTRY_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -43,12 +59,111 @@ class FileEntry:
         return len(self.a)
 
 
+@dataclass(frozen=True)
+class StoredIndex:
+    """The index entries of one view and table layout, in the table's storage. Picklable:
+    Spark tasks write and read entries through it."""
+
+    store: Store
+    view: str
+    digest: str
+    """Of the table's Arrow schema and the fingerprint version (see the module doc)."""
+
+    @staticmethod
+    def of(store: Store, view: str, schema: pa.Schema) -> StoredIndex:
+        text = f"{FINGERPRINT_VERSION}\n{schema.remove_metadata().to_string(show_field_metadata=False)}"
+        return StoredIndex(store, view, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+    @property
+    def root(self) -> str:
+        return f"{HIDDEN}/{self.view}/index"
+
+    def path(self, key: str) -> str:
+        """Where the entry of the data file at ``key`` (``DataFile.key``) lives."""
+        return f"{self.root}/{self.digest}/{hashlib.sha256(key.encode()).hexdigest()[:32]}.parquet"
+
+    def put(self, key: str, size: int, entry: FileEntry) -> None:
+        """Write the entry of the data file at ``key`` (of ``size`` bytes)."""
+        table = pa.table([pa.array(entry.a), pa.array(entry.b)], schema=_ENTRY_SCHEMA)
+        table = table.replace_schema_metadata(
+            {"mvsink.file": key, "mvsink.size": str(size), "mvsink.rows": str(len(entry))}
+        )
+        sink = pa.BufferOutputStream()
+        # Fingerprints are random bits: compression and dictionaries only cost time.
+        pq.write_table(table, sink, compression="none", use_dictionary=False)
+        self.store.put(self.path(key), sink.getvalue())
+
+    def get(self, file: DataFile) -> FileEntry | None:
+        """The stored entry of ``file``, if there is one and it describes this very file."""
+        data = self.store.get(self.path(file.key))
+        if data is None:
+            return None
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+            meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+            a = table.column("a").to_numpy().astype(np.int64, copy=False)
+            b = table.column("b").to_numpy().astype(np.int64, copy=False)
+        except Exception as exc:  # a damaged entry is recomputed, never trusted
+            log.warning("index entry of %s is unreadable (%s); recomputing it", file.key, exc)
+            return None
+        rows = file.num_records
+        if (
+            meta.get("mvsink.file") != file.key
+            or meta.get("mvsink.size") != str(file.size)
+            or (rows is not None and rows != len(a))
+        ):
+            return None
+        return FileEntry(a, b)
+
+    def load(self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str]) -> tuple[FileEntry, bool]:
+        """The entry of ``file``: stored, or computed by reading the file (then stored).
+        Also says whether the data file was read."""
+        entry = self.get(file)
+        if entry is not None:
+            return entry, False
+        a, b = fingerprints(self.store.read(file, schema, partition_by))
+        entry = FileEntry(a, b)
+        if file.num_records is not None and file.num_records != len(entry):
+            raise InvariantViolation(
+                f"{file.path} holds {len(entry)} rows but the Delta log says {file.num_records}"
+            )
+        try:
+            self.put(file.key, file.size, entry)
+        except Exception as exc:  # the entry is a cache: failing to store it loses no data
+            log.warning("could not store the index entry of %s: %s", file.key, exc)
+        return entry, True
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Delete the entries of data files that left the table (best-effort)."""
+        try:
+            self.store.delete([self.path(k) for k in keys])
+        except Exception as exc:
+            log.warning("could not delete index entries under %s: %s", self.root, exc)
+
+    def sweep(self, live: Iterable[str]) -> int:
+        """Delete every entry that is not of a file in ``live`` (keys) under this layout:
+        leftovers of attempts that never committed, files compacted away, old layouts.
+        Returns how many went. Deleting a needed entry only costs a re-read, so a concurrent
+        writer's fresh entry going too is harmless."""
+        keep = {self.path(k) for k in live}
+        try:
+            stale = [p for p in self.store.files(self.root) if p not in keep]
+            self.store.delete(stale)
+        except Exception as exc:
+            log.warning("could not sweep index entries under %s: %s", self.root, exc)
+            return 0
+        return len(stale)
+
+
 class PersistedIndex:
-    """Fingerprints of the target's files, keyed by their decoded path (``DataFile.key``;
-    the log lists paths percent-encoded, staged files are known by their raw path)."""
+    """The entries of the target's files held on the driver, keyed by their decoded path
+    (``DataFile.key``; the log lists paths percent-encoded, staged files are known by their
+    raw path), backed by the ``StoredIndex``."""
 
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
+        self._digest: str | None = None
+        self._calls = 0
 
     def entry(self, path: str) -> FileEntry:
         return self._files[path]
@@ -60,28 +175,40 @@ class PersistedIndex:
         for p in paths:
             self._files.pop(p, None)
 
-    def sync(self, store: Store, snap: Snapshot, schema: pa.Schema, where: Where) -> int:
-        """Make the index cover exactly ``snap``'s files; returns how many files it read."""
+    def sweep_once(self, stored: StoredIndex, snap: Snapshot, where: Where) -> None:
+        """Sweep the stored index (``StoredIndex.sweep``) once per ``SWEEP_EVERY`` calls, from
+        the first on: entries of files gone since, or never committed, only take space."""
+        self._calls += 1
+        if (self._calls - 1) % SWEEP_EVERY:
+            return
+        gone = stored.sweep(f.key for f in snap.files)
+        if gone:
+            log.info("%s: swept %d index entries of files not in the table", where, gone)
+
+    def sync(self, stored: StoredIndex, snap: Snapshot, schema: pa.Schema, where: Where) -> int:
+        """Make the index cover exactly ``snap``'s files, loading entries from storage or
+        computing them; returns how many data files it had to read."""
+        if stored.digest != self._digest:  # a new table layout: every fingerprint changes
+            self._files.clear()
+            self._digest = stored.digest
         live = {f.key for f in snap.files}
         self.forget([p for p in self._files if p not in live])
         missing = [f for f in snap.files if f.key not in self._files]
         if not missing:
             return 0
-        log.info("%s: indexing %d file(s) not seen before", where, len(missing))
+        log.info("%s: loading the index entries of %d file(s)", where, len(missing))
 
-        def index(f: DataFile) -> FileEntry:
-            a, b = fingerprints(store.read(f, schema, snap.partition_by))
-            return FileEntry(a, b)
+        def load(f: DataFile) -> tuple[FileEntry, bool]:
+            try:
+                return stored.load(f, schema, snap.partition_by)
+            except InvariantViolation as exc:
+                raise InvariantViolation(exc.message, where) from None
 
         with ThreadPoolExecutor(_THREADS) as pool:
-            entries = list(pool.map(index, missing))
-        for f, entry in zip(missing, entries, strict=True):
-            if f.num_records is not None and f.num_records != len(entry):
-                raise InvariantViolation(
-                    f"{f.path} holds {len(entry)} rows but the Delta log says {f.num_records}", where
-                )
+            loaded = list(pool.map(load, missing))
+        for f, (entry, _) in zip(missing, loaded, strict=True):
             self._files[f.key] = entry
-        return len(missing)
+        return sum(1 for _, read in loaded if read)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
         """The persisted side over ``files``: file numbers index into ``files``."""

@@ -76,7 +76,7 @@ from mvsink.schema import (
 )
 from mvsink.storage import Store
 from mvsink.upsert import Upsert
-from mvsink.write import Layout, Plan, Staged, stage
+from mvsink.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class _Epoch:
                     self.sink._before_commit(snap)
                 self._check_staged(staged)
             except BaseException:
-                self._discard(staged)  # not committed: nothing can reference them (I4)
+                self._discard(staged, plan)  # not committed: nothing can reference them (I4)
                 raise
             try:
                 with ctx.phase("commit"):
@@ -271,7 +271,7 @@ class _Epoch:
                     )
             except ConflictError as exc:
                 # Known not to have landed (I4): the staged files can go.
-                self._discard(staged)
+                self._discard(staged, plan)
                 pause = policy.backoff(attempt, random.random())
                 log.info(
                     "%s: attempt %d lost a commit race (%s); retrying in %.2fs",
@@ -306,9 +306,8 @@ class _Epoch:
                     self.where,
                 )
 
-    def _discard(self, staged: Staged) -> None:
-        if staged.folder:
-            self.ctx.store.delete_folder(staged.folder)
+    def _discard(self, staged: Staged, plan: Plan) -> None:
+        discard(staged, self.ctx.store, plan.index)
 
     def _warn_on_gap(self, desc: BatchDescription | str) -> None:
         """Only a complete batch repairs everything: in upsert or append mode, say so when

@@ -18,6 +18,7 @@ no file is ever read back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import functools
@@ -127,27 +128,57 @@ class Store:
         writer.close()
         buf = sink.getvalue()
         n, stats = metadata_stats(writer.writer.metadata)
+        self.put(path, buf)
+        return NewFile(path, buf.size, n, stats, dict(values))
+
+    def put(self, path: str, data: pa.Buffer | bytes) -> None:
+        """Write ``data`` as the whole file at ``path``: readers see all of it or nothing (one
+        request on an object store; a temporary file renamed into place on local disk)."""
         if is_local(self.root):
-            self.fs.create_dir(path.rpartition("/")[0], recursive=True)
-        if is_local(self.root):
-            with self.fs.open_output_stream(path) as fh:
-                fh.write(buf)
+            fs = self.fs
+            fs.create_dir(path.rpartition("/")[0], recursive=True)
+            temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+            with fs.open_output_stream(temp) as fh:
+                fh.write(data)
+            fs.move(temp, path)
         else:
             # Straight to delta-rs's object store: pyarrow's Python-file wrapper hands it Arrow
             # buffers, which it does not take.
             out = _handler(self.root, tuple(sorted(self.options.items()))).open_output_stream(path, None)
-            out.write(buf.to_pybytes())
+            out.write(data.to_pybytes() if isinstance(data, pa.Buffer) else data)
             out.close()
-        return NewFile(path, buf.size, n, stats, dict(values))
+
+    def get(self, path: str) -> pa.Buffer | None:
+        """The whole file at ``path``, or None if there is none."""
+        try:
+            with self.fs.open_input_file(path) as fh:
+                return fh.read_buffer()
+        except FileNotFoundError:
+            return None
+
+    def files(self, folder: str) -> list[str]:
+        """Paths (relative to the root) of the files under ``folder``, at any depth."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        return [self._relative(i.path) for i in infos if i.type == pafs.FileType.File]
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete files; one already gone is no error."""
+        fs = self.fs
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+
+    def _relative(self, path: str) -> str:
+        path = path.lstrip("/")
+        if is_local(self.root):
+            path = path.removeprefix(self.root.strip("/") + "/")
+        return path
 
     def missing(self, folder: str, files: Sequence[NewFile]) -> list[str]:
         """Staged files not (or not wholly) in storage under ``folder``: checked before a
         commit references them (one listing)."""
         infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-        sizes = {i.path.lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
-        if is_local(self.root):
-            base = self.root.rstrip("/") + "/"
-            sizes = {p.removeprefix(base): s for p, s in sizes.items()}
+        sizes = {self._relative(i.path): i.size for i in infos if i.type == pafs.FileType.File}
         return [f.path for f in files if sizes.get(f.path) != f.size]
 
     def delete_folder(self, folder: str) -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +29,9 @@ from pyspark.sql.types import StructType
 
 from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
-from mvsink.errors import InputError, InvariantViolation, Where
+from mvsink.errors import InputError, InvariantViolation, MVSinkError, Where
 from mvsink.fingerprint import fingerprints, quote
-from mvsink.index import FileEntry
+from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store, Written
 
@@ -38,8 +39,20 @@ from mvsink.storage import Store, Written
 IO_THREADS = 8
 # A Spark write task writes a file once it holds this many bytes, whatever max_rows_per_file.
 TASK_BUFFER_BYTES = 256 << 20
-# Marks an mvsink input error raised inside a Spark task, so the driver can raise it as one.
-_TASK_INPUT_ERROR = "mvsink-input-error: "
+# Marks an mvsink error raised inside a Spark task, so the driver can raise it as one:
+# "mvsink-task-error: <class>: <message>".
+_TASK_ERROR = "mvsink-task-error: "
+_TASK_ERRORS: dict[str, type[MVSinkError]] = {
+    "InputError": InputError,
+    "InvariantViolation": InvariantViolation,
+}
+
+
+def task_error(exc: MVSinkError) -> str:
+    """The text of the plain error a task raises in place of ``exc`` (``raise_task_errors``
+    turns it back on the driver)."""
+    kind = type(exc).__name__ if type(exc).__name__ in _TASK_ERRORS else "InvariantViolation"
+    return f"{_TASK_ERROR}{kind}: {exc.message}"
 
 
 @dataclass(frozen=True)
@@ -79,21 +92,33 @@ class Rewrite:
 
 
 @dataclass(frozen=True)
+class TaskRewrites:
+    """Rewrites decided in Spark (the distributed path), done by Spark tasks: ``frame`` has a
+    row per file to rewrite, ``file_no`` (into ``files``) and ``drop`` (positions, sorted)."""
+
+    frame: DataFrame
+    files: tuple[DataFile, ...]
+    retracted: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """Rows to insert (``inserted`` of them; None: not known before writing) and rewrites."""
 
     inserts: pa.Table | DataFrame | None
     inserted: int | None
-    rewrites: tuple[Rewrite, ...] = ()
+    rewrites: tuple[Rewrite, ...] | TaskRewrites = ()
     insert_fps: tuple[I64, I64] | None = None
     """Fingerprints of a driver-held ``inserts``, when the staged files are to be indexed."""
-    indexed: bool = False
-    """Whether the staged files' fingerprints are wanted (complete mode keeps an index)."""
+    index: StoredIndex | None = None
+    """Where the staged files' index entries go (complete mode keeps an index), if anywhere."""
     files_read: int = 0
     """Data files of the snapshot read to make this plan."""
 
     @property
     def retracted(self) -> int:
+        if isinstance(self.rewrites, TaskRewrites):
+            return self.rewrites.retracted
         return sum(len(r.drop) for r in self.rewrites)
 
 
@@ -103,8 +128,9 @@ class Staged:
 
     folder: str | None
     adds: tuple[NewFile, ...]
-    entries: tuple[FileEntry, ...]
-    """Fingerprints of each added file (empty when the plan is not indexed)."""
+    entries: Mapping[str, FileEntry]
+    """Fingerprints of the added files written on the driver, by path (files written by tasks
+    have theirs in the stored index only)."""
     removes: tuple[DataFile, ...]
     inserted: int
     retracted: int
@@ -114,7 +140,7 @@ class Staged:
         return sum(f.size for f in self.adds)
 
 
-NOTHING = Staged(None, (), (), (), 0, 0)
+NOTHING = Staged(None, (), {}, (), 0, 0)
 
 
 def stage(
@@ -128,18 +154,29 @@ def stage(
     cluster_by: Sequence[str],
     where: Where,
 ) -> Staged:
-    """Write ``plan``'s inserts and rewrites as new files; nothing becomes visible."""
+    """Write ``plan``'s inserts and rewrites as new files (and their index entries, if the plan
+    is indexed); nothing becomes visible."""
     if plan.inserts is None and not plan.rewrites:
         return NOTHING
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
     parts = layout.partition_by
+    removes: tuple[DataFile, ...] = ()
+    written: list[Written] = []
     try:
-        written: list[Written] = []
+        kept = 0
         with ThreadPoolExecutor(IO_THREADS) as pool:
-            jobs = [
-                pool.submit(_write_kept, store, folder, r, layout, max_rows_per_file, where)
-                for r in plan.rewrites
-            ]
+            jobs = []
+            if isinstance(plan.rewrites, TaskRewrites):
+                files, kept, removes = rewrite_frame(
+                    plan.rewrites, store, folder, layout, max_rows_per_file, plan.index, where
+                )
+                written += files
+            else:
+                removes = tuple(r.file for r in plan.rewrites)
+                jobs = [
+                    pool.submit(_write_kept, store, folder, r, layout, max_rows_per_file, where)
+                    for r in plan.rewrites
+                ]
             if isinstance(plan.inserts, pa.Table):
                 rows, fps = _clustered(plan.inserts, plan.insert_fps, cluster_by)
                 written += store.write(folder, rows, parts, max_rows_per_file, fps)
@@ -151,15 +188,22 @@ def stage(
                     layout,
                     max_rows_per_file=max_rows_per_file,
                     cluster_by=cluster_by,
-                    indexed=plan.indexed,
+                    index=plan.index,
                     where=where,
                 )
-            kept = 0
             for job in jobs:
                 n, files = job.result()
                 kept += n
                 written += files
-        written = [w for w in written if w.file.num_records > 0]
+            written = [w for w in written if w.file.num_records > 0]
+            entries: dict[str, FileEntry] = {}
+            if plan.index is not None:
+                for w in written:
+                    if w.fp_a is not None and w.fp_b is not None:
+                        entries[w.file.path] = FileEntry(w.fp_a, w.fp_b)
+                index = plan.index
+                sizes = {w.file.path: w.file.size for w in written}
+                list(pool.map(lambda p: index.put(p, sizes[p], entries[p]), entries))
         total = sum(w.file.num_records for w in written)
         needed = None if plan.inserted is None else kept + plan.inserted
         if (needed is not None and total != needed) or total < kept:
@@ -168,27 +212,36 @@ def stage(
                 f"({kept} kept from rewritten files + {plan.inserted} inserted)",
                 where,
             )
-        entries: tuple[FileEntry, ...] = ()
-        if plan.indexed:
-            if any(w.fp_a is None or w.fp_b is None for w in written):
-                raise InvariantViolation("a staged file came back without its fingerprints", where)
-            entries = tuple(FileEntry(w.fp_a, w.fp_b) for w in written)  # type: ignore[arg-type]
     except InputError as exc:
-        store.delete_folder(folder)
+        _discard(store, folder, plan.index, written)
         if str(exc.where):
             raise
         raise InputError(exc.message, where) from None
     except BaseException:
-        store.delete_folder(folder)
+        _discard(store, folder, plan.index, written)
         raise
     return Staged(
         folder,
         tuple(w.file for w in written),
         entries,
-        tuple(r.file for r in plan.rewrites),
+        removes,
         total - kept,
         plan.retracted,
     )
+
+
+def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
+    """Delete an attempt's staged files (and their index entries): it did not commit (I4)."""
+    if staged.folder:
+        store.delete_folder(staged.folder)
+        if index is not None:
+            index.forget(f.path for f in staged.adds)
+
+
+def _discard(store: Store, folder: str, index: StoredIndex | None, written: list[Written]) -> None:
+    store.delete_folder(folder)
+    if index is not None:
+        index.forget(w.file.path for w in written)
 
 
 def _clustered(
@@ -203,11 +256,19 @@ def _clustered(
 
 
 def _write_kept(
-    store: Store, folder: str, rewrite: Rewrite, layout: Layout, max_rows_per_file: int, where: Where
+    store: Store,
+    folder: str,
+    rewrite: Rewrite,
+    layout: Layout,
+    max_rows_per_file: int,
+    where: Where,
+    *,
+    hash_kept: bool = False,
 ) -> tuple[int, list[Written]]:
     """Write a rewritten file's kept rows; returns how many rows it kept. The file is read here
     unless planning read it, and released once written (one file per thread at a time); a
-    file whose every row goes is not read at all."""
+    file whose every row goes is not read at all. The kept rows' fingerprints come from the
+    rewrite's, or are computed if ``hash_kept``."""
     drop = rewrite.drop
     if len(drop) and (drop[0] < 0 or (len(drop) > 1 and not bool(np.all(drop[1:] > drop[:-1])))):
         raise InvariantViolation(
@@ -223,18 +284,83 @@ def _write_kept(
                 f"{rewrite.file.path} read back with {rows.num_rows} rows, indexed with {rewrite.size}",
                 where,
             )
+    if len(drop) and drop[-1] >= rows.num_rows:
+        raise InvariantViolation(
+            f"a position to drop from {rewrite.file.path} is past its {rows.num_rows} rows", where
+        )
     keep = np.ones(rows.num_rows, dtype=bool)
     keep[rewrite.drop] = False
     if not keep.any():
         return 0, []
     kept = rows.filter(pa.array(keep))
-    fps = None if rewrite.fps is None else (rewrite.fps[0][keep], rewrite.fps[1][keep])
+    fps = None
+    if rewrite.fps is not None:
+        fps = (rewrite.fps[0][keep], rewrite.fps[1][keep])
+    elif hash_kept:
+        fps = fingerprints(kept)
     return kept.num_rows, store.write(folder, kept, layout.partition_by, max_rows_per_file, fps)
 
 
 # --- Spark tasks -----------------------------------------------------------------------------
 
-_FILES = "path string, size long, rows long, stats string, partition_values string, fp_a binary, fp_b binary"
+_FILES = "source long, path string, size long, rows long, stats string, partition_values string"
+_FILES_SCHEMA = pa.schema(
+    [
+        ("source", pa.int64()),
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+        ("stats", pa.string()),
+        ("partition_values", pa.string()),
+    ]
+)
+FILE_COLUMNS = "file_no long, path string, size long, rows long, partition_values string"
+"""A snapshot's files as a Spark DataFrame (``file_frame``): what a task needs to read one."""
+
+
+def file_frame(spark: Any, files: Sequence[DataFile], numbers: Sequence[int] | None = None) -> DataFrame:
+    """``files`` (or those at ``numbers``) as a DataFrame of ``FILE_COLUMNS``, ``file_no``
+    indexing into ``files``: tasks rebuild each ``DataFile`` from its row (``task_file``)."""
+    picked = range(len(files)) if numbers is None else numbers
+    table = pa.table(
+        {
+            "file_no": pa.array(list(picked), pa.int64()),
+            "path": pa.array([files[i].path for i in picked], pa.string()),
+            "size": pa.array([files[i].size for i in picked], pa.int64()),
+            "rows": pa.array([files[i].num_records for i in picked], pa.int64()),
+            "partition_values": pa.array([json.dumps(dict(files[i].partition_values)) for i in picked]),
+        }
+    )
+    frame: DataFrame = spark.createDataFrame(table, FILE_COLUMNS)
+    # Spread the files over tasks: a few files per task, at least one task per core.
+    parallelism = max(2, int(spark.conf.get("spark.sql.shuffle.partitions", "2")))
+    slices = max(1, min(len(picked), max(parallelism * 4, len(picked) // 8)))
+    return frame.repartition(slices) if slices > 1 else frame
+
+
+def task_file(row: dict[str, Any]) -> DataFile:
+    """The ``DataFile`` a ``file_frame`` row describes."""
+    return DataFile(row["path"], row["size"], row["rows"], json.loads(row["partition_values"]))
+
+
+def raise_task_errors(exc: Exception, where: Where) -> None:
+    """Raise the mvsink error a Spark task failed with (``task_error``), if it did."""
+    text = str(exc)
+    if _TASK_ERROR in text:
+        kind, _, message = text.split(_TASK_ERROR, 1)[1].splitlines()[0].partition(": ")
+        raise _TASK_ERRORS.get(kind, InvariantViolation)(message, where) from None
+
+
+def _written(table: pa.Table) -> list[tuple[int | None, Written | None]]:
+    out: list[tuple[int | None, Written | None]] = []
+    for r in table.to_pylist():
+        new = None
+        if r["path"] is not None:
+            new = Written(
+                NewFile(r["path"], r["size"], r["rows"], r["stats"], json.loads(r["partition_values"]))
+            )
+        out.append((r["source"], new))
+    return out
 
 
 def write_frame(
@@ -245,57 +371,60 @@ def write_frame(
     *,
     max_rows_per_file: int,
     cluster_by: Sequence[str],
-    indexed: bool,
+    index: StoredIndex | None,
     where: Where,
 ) -> list[Written]:
     """Write a DataFrame's rows from Spark tasks, never collecting them: each task writes its
-    rows through ``Store.write`` and returns one row per file."""
+    rows through ``Store.write`` (and their index entries) and returns one row per file."""
     rows = frame.select(*[F.col(quote(c)) for c in layout.struct.names])
     order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
     if order:
         rows = rows.sortWithinPartitions(*order)
-    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, indexed)
+    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index)
     try:
         table = rows.mapInArrow(task, _FILES).toArrow()
     except Exception as exc:
-        text = str(exc)
-        if _TASK_INPUT_ERROR in text:
-            message = text.split(_TASK_INPUT_ERROR, 1)[1].splitlines()[0]
-            raise InputError(message, where) from None
+        raise_task_errors(exc, where)
         raise
-    out = []
-    for r in table.to_pylist():
-        new = NewFile(r["path"], r["size"], r["rows"], r["stats"], json.loads(r["partition_values"]))
-        fa = None if r["fp_a"] is None else np.frombuffer(r["fp_a"], dtype=np.int64)
-        fb = None if r["fp_b"] is None else np.frombuffer(r["fp_b"], dtype=np.int64)
-        out.append(Written(new, fa, fb))
-    return out
+    return [w for _, w in _written(table) if w is not None]
 
 
-_FILES_SCHEMA = pa.schema(
-    [
-        ("path", pa.string()),
-        ("size", pa.int64()),
-        ("rows", pa.int64()),
-        ("stats", pa.string()),
-        ("partition_values", pa.string()),
-        ("fp_a", pa.binary()),
-        ("fp_b", pa.binary()),
+def _report(written: Sequence[Written], source: int | None = None) -> pa.RecordBatch:
+    rows = [
+        {
+            "source": source,
+            "path": w.file.path,
+            "size": w.file.size,
+            "rows": w.file.num_records,
+            "stats": w.file.stats,
+            "partition_values": json.dumps(dict(w.file.partition_values)),
+        }
+        for w in written
     ]
-)
+    if not rows and source is not None:  # a rewritten file that keeps nothing: still reported
+        rows = [dict.fromkeys(_FILES_SCHEMA.names, None) | {"source": source}]
+    return pa.RecordBatch.from_pylist(rows, schema=_FILES_SCHEMA)
+
+
+def _put_entries(index: StoredIndex | None, written: Sequence[Written]) -> None:
+    if index is None:
+        return
+    for w in written:
+        assert w.fp_a is not None and w.fp_b is not None
+        index.put(w.file.path, w.file.size, FileEntry(w.fp_a, w.fp_b))
 
 
 @dataclass(frozen=True)
 class _TaskWriter:
     """Runs in a Spark task (picklable): buffer up to a file's worth of rows, write them with
-    ``Store.write``, report the files (``_FILES``)."""
+    ``Store.write`` (and their index entries), report the files (``_FILES``)."""
 
     store: Store
     folder: str
     schema: pa.Schema
     partition_by: tuple[str, ...]
     max_rows_per_file: int
-    indexed: bool
+    index: StoredIndex | None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         buffer: list[pa.RecordBatch] = []
@@ -312,23 +441,65 @@ class _TaskWriter:
 
     def _flush(self, buffer: list[pa.RecordBatch]) -> pa.RecordBatch:
         rows = pa.Table.from_batches(buffer).cast(self.schema)
-        fps = fingerprints(rows) if self.indexed else None
+        fps = fingerprints(rows) if self.index is not None else None
         try:
             written = self.store.write(self.folder, rows, self.partition_by, self.max_rows_per_file, fps)
-        except InputError as exc:
-            raise ValueError(_TASK_INPUT_ERROR + exc.message) from None
-        return pa.RecordBatch.from_pylist(
-            [
-                {
-                    "path": w.file.path,
-                    "size": w.file.size,
-                    "rows": w.file.num_records,
-                    "stats": w.file.stats,
-                    "partition_values": json.dumps(dict(w.file.partition_values)),
-                    "fp_a": None if w.fp_a is None else w.fp_a.tobytes(),
-                    "fp_b": None if w.fp_b is None else w.fp_b.tobytes(),
-                }
-                for w in written
-            ],
-            schema=_FILES_SCHEMA,
-        )
+        except MVSinkError as exc:
+            raise ValueError(task_error(exc)) from None
+        _put_entries(self.index, written)
+        return _report(written)
+
+
+def rewrite_frame(
+    rewrites: TaskRewrites,
+    store: Store,
+    folder: str,
+    layout: Layout,
+    max_rows_per_file: int,
+    index: StoredIndex | None,
+    where: Where,
+) -> tuple[list[Written], int, tuple[DataFile, ...]]:
+    """Rewrite files from Spark tasks: each reads its file through the I/O layer, drops the
+    positions and writes the rest. Returns the files written, the rows kept, the files
+    replaced."""
+    task = _TaskRewriter(store, folder, layout, max_rows_per_file, index)
+    try:
+        table = rewrites.frame.mapInArrow(task, _FILES).toArrow()
+    except Exception as exc:
+        raise_task_errors(exc, where)
+        raise
+    done = _written(table)
+    sources = sorted({s for s, _ in done if s is not None})
+    written = [w for _, w in done if w is not None]
+    return written, sum(w.file.num_records for w in written), tuple(rewrites.files[k] for k in sources)
+
+
+@dataclass(frozen=True)
+class _TaskRewriter:
+    """Runs in a Spark task (picklable): ``_write_kept`` for each row (a file and the positions
+    to drop), then the new files' index entries."""
+
+    store: Store
+    folder: str
+    layout: Layout
+    max_rows_per_file: int
+    index: StoredIndex | None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                rewrite = Rewrite(task_file(row), None, np.asarray(row["drop"], dtype=np.int64))
+                try:
+                    _, written = _write_kept(
+                        self.store,
+                        self.folder,
+                        rewrite,
+                        self.layout,
+                        self.max_rows_per_file,
+                        Where(),
+                        hash_kept=self.index is not None,
+                    )
+                except MVSinkError as exc:
+                    raise ValueError(task_error(exc)) from None
+                _put_entries(self.index, written)
+                yield _report(written, row["file_no"])

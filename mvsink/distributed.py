@@ -1,0 +1,173 @@
+"""The distributed path: the correction computed by Spark, for views bigger than the driver.
+
+Nothing row-sized passes through the driver. For a complete-mode epoch:
+
+1. Desired is fingerprinted by Spark tasks (``mapInArrow``; the same ``fingerprints`` as the
+   driver's) and cached, so that its rows are evaluated once per epoch, whatever the attempts.
+2. The persisted side is read by tasks from the stored index (``index.StoredIndex``): one
+   ``(file_no, pos, fingerprint)`` row per stored row; a file without an entry is read and
+   hashed by the task, which stores its entry.
+3. The diff is one aggregation of ``(fingerprint, +1 desired | +1 persisted)`` rows: groups
+   whose counts differ are the correction. Where desired holds ``d`` copies of a fingerprint
+   and persisted ``p``, ``d - p`` desired copies are inserted if ``d > p``; if ``p > d``, the
+   persisted copies beyond the earliest ``d`` (by file order, then position: the driver
+   path's rule, ``correction.py``) are retracted.
+4. Retractions are grouped per file and handed, with the file's description, to rewrite tasks
+   (``write.TaskRewrites``); inserts are written by write tasks. Both write the new files'
+   index entries; the driver receives each new file's add action only.
+
+Only the file list (the Delta log's, which the commit needs anyway) and a few totals are on
+the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
+
+from mvsink.delta import Snapshot
+from mvsink.errors import InvariantViolation, MVSinkError
+from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
+from mvsink.index import StoredIndex
+from mvsink.write import Layout, TaskRewrites, file_frame, task_error, task_file
+
+FILE_NO = "file_no"
+POS = "pos"
+_D = "__mvsink_d"
+_P = "__mvsink_p"
+_RN = "__mvsink_rn"
+_PERSISTED = StructType([StructField(n, LongType(), False) for n in (FILE_NO, POS, FP_A, FP_B)])
+_PERSISTED_ARROW = pa.schema([pa.field(n, pa.int64(), nullable=False) for n in _PERSISTED.names])
+
+
+def with_fingerprints(rows: DataFrame, layout: Layout) -> DataFrame:
+    """``rows`` (the table's columns) with their fingerprints appended, computed by tasks."""
+    schema = StructType([*layout.struct.fields, StructField(FP_A, LongType()), StructField(FP_B, LongType())])
+    return rows.select(*[F.col(quote(c)) for c in layout.struct.names]).mapInArrow(
+        _Fingerprinter(layout), schema
+    )
+
+
+@dataclass(frozen=True)
+class _Fingerprinter:
+    """Runs in a Spark task: appends each row's fingerprint (of the table's Arrow types)."""
+
+    layout: Layout
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        schema = self.layout.arrow
+        for batch in batches:
+            a, b = fingerprints(pa.Table.from_batches([batch]).cast(schema))
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, pa.array(a), pa.array(b)], names=[*batch.schema.names, FP_A, FP_B]
+            )
+
+
+def persisted_rows(spark: Any, snap: Snapshot, index: StoredIndex, layout: Layout) -> DataFrame:
+    """The persisted side: ``(file_no, pos, fingerprint)`` per stored row of ``snap``'s files,
+    read from the stored index by tasks (file numbers index into ``snap.files``)."""
+    return file_frame(spark, snap.files).mapInArrow(
+        _IndexReader(index, layout.arrow, snap.partition_by), _PERSISTED
+    )
+
+
+@dataclass(frozen=True)
+class _IndexReader:
+    """Runs in a Spark task: each file's index entry, as rows."""
+
+    index: StoredIndex
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                try:
+                    entry, _ = self.index.load(task_file(row), self.schema, self.partition_by)
+                except MVSinkError as exc:
+                    raise ValueError(task_error(exc)) from None
+                n = len(entry)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(np.full(n, row[FILE_NO], dtype=np.int64)),
+                        pa.array(np.arange(n, dtype=np.int64)),
+                        pa.array(entry.a),
+                        pa.array(entry.b),
+                    ],
+                    schema=_PERSISTED_ARROW,
+                )
+
+
+@dataclass
+class SparkCorrection:
+    """desired - persisted, held by Spark (see the module doc)."""
+
+    inserts: DataFrame
+    """The desired rows to insert (the table's columns)."""
+    rewrites: TaskRewrites
+    inserted: int
+    retracted: int
+    groups: DataFrame
+    """The fingerprint groups whose counts differ (cached: unpersist when done)."""
+
+    def close(self) -> None:
+        self.groups.unpersist()
+
+
+def correction(
+    spark: Any, desired: DataFrame, persisted: DataFrame, snap: Snapshot, layout: Layout
+) -> SparkCorrection:
+    """The correction of ``desired`` (``with_fingerprints``) against ``persisted``
+    (``persisted_rows``). One Spark job settles the counts; the rest is lazy."""
+    fp = [FP_A, FP_B]
+    one, zero = F.lit(1).cast("long"), F.lit(0).cast("long")
+    counted = (
+        desired.select(*fp, one.alias(_D), zero.alias(_P))
+        .unionByName(persisted.select(*fp, zero.alias(_D), one.alias(_P)))
+        .groupBy(*fp)
+        .agg(F.sum(_D).alias(_D), F.sum(_P).alias(_P))
+        .where(F.col(_D) != F.col(_P))
+    )
+    groups = counted.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        totals = groups.agg(
+            F.sum(F.greatest(F.col(_D) - F.col(_P), F.lit(0))).alias("inserted"),
+            F.sum(F.greatest(F.col(_P) - F.col(_D), F.lit(0))).alias("retracted"),
+        ).first()
+    except BaseException:
+        groups.unpersist()
+        raise
+    assert totals is not None
+    inserted, retracted = int(totals["inserted"] or 0), int(totals["retracted"] or 0)
+
+    # Retract the persisted copies beyond the earliest d, by file order then position.
+    by_position = Window.partitionBy(*fp).orderBy(FILE_NO, POS)
+    retract = (
+        persisted.join(groups.where(F.col(_P) > F.col(_D)), fp)
+        .withColumn(_RN, F.row_number().over(by_position))
+        .where(F.col(_RN) > F.col(_D))
+    )
+    drops = retract.groupBy(FILE_NO).agg(F.array_sort(F.collect_list(POS)).alias("drop"))
+    rewrites = drops.join(file_frame(spark, snap.files), FILE_NO)
+
+    # Insert d - p of the desired copies (equal rows: which copies does not matter).
+    any_copy = Window.partitionBy(*fp).orderBy(FP_A)
+    inserts = (
+        desired.join(groups.where(F.col(_D) > F.col(_P)), fp)
+        .withColumn(_RN, F.row_number().over(any_copy))
+        .where(F.col(_RN) <= F.col(_D) - F.col(_P))
+        .select(*[F.col(quote(c)) for c in layout.struct.names])
+    )
+    if inserted < 0 or retracted < 0:
+        raise InvariantViolation(f"a correction of {inserted} inserts and {retracted} retractions")
+    return SparkCorrection(
+        inserts, TaskRewrites(rewrites, snap.files, retracted), inserted, retracted, groups
+    )
