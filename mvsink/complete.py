@@ -62,7 +62,7 @@ class Complete:
         if not snap.files and self.rows is None and self.hashed is None:
             return self._initial_load(layout, rules)
         self.index.sweep_once(self.stored, snap, ctx.where)
-        if self._placement(snap) == "distributed":
+        if ctx.placement(snap) == "distributed":
             return self._plan_distributed(snap, layout, rules)
         self._collect(layout, rules)
         assert self.rows is not None and self.fps is not None
@@ -80,13 +80,6 @@ class Complete:
             insert_fps=(self.fps.a[rows], self.fps.b[rows]),
             index=self.stored,
         )
-
-    def _placement(self, snap: Snapshot) -> str:
-        opts = self.ctx.opts
-        if opts.placement != "auto":
-            return opts.placement
-        held = sum(f.num_records or 0 for f in snap.files)
-        return "distributed" if held > opts.driver_max_rows else "driver"
 
     def _initial_load(self, layout: Layout, rules: Rules) -> Plan:
         """Desired written by Spark tasks as it is, never collected."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 
 from mvsink.config import SinkOptions
+from mvsink.delta import Snapshot
 from mvsink.errors import Where
 from mvsink.rules import Rules, check_rows
 from mvsink.storage import Store
@@ -46,6 +47,14 @@ class EpochContext:
             with self.phase("rules"):
                 check_rows(rows, rules, self.where)
         self.checked_rules = rules
+
+    def placement(self, snap: Snapshot) -> str:
+        """Where this attempt plans: the ``placement`` option, or for ``auto`` the driver while
+        the target holds at most ``driver_max_rows`` rows (``distributed.py`` above)."""
+        if self.opts.placement != "auto":
+            return self.opts.placement
+        held = sum(f.num_records or 0 for f in snap.files)
+        return "distributed" if held > self.opts.driver_max_rows else "driver"
 
     def drain(self) -> None:
         """Run the micro-batch's plan without output, unless this epoch already ran it.

@@ -22,7 +22,7 @@ the driver.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,12 +48,12 @@ _PERSISTED = StructType([StructField(n, LongType(), False) for n in (FILE_NO, PO
 _PERSISTED_ARROW = pa.schema([pa.field(n, pa.int64(), nullable=False) for n in _PERSISTED.names])
 
 
-def with_fingerprints(rows: DataFrame, layout: Layout) -> DataFrame:
-    """``rows`` (the table's columns) with their fingerprints appended, computed by tasks."""
-    schema = StructType([*layout.struct.fields, StructField(FP_A, LongType()), StructField(FP_B, LongType())])
-    return rows.select(*[F.col(quote(c)) for c in layout.struct.names]).mapInArrow(
-        _Fingerprinter(layout), schema
-    )
+def with_fingerprints(rows: DataFrame, layout: Layout, extra: Sequence[StructField] = ()) -> DataFrame:
+    """``rows``' table columns (then the ``extra`` ones, passed through) with the fingerprints
+    of the table columns appended, computed by tasks."""
+    fields = [*layout.struct.fields, *extra]
+    schema = StructType([*fields, StructField(FP_A, LongType()), StructField(FP_B, LongType())])
+    return rows.select(*[F.col(quote(f.name)) for f in fields]).mapInArrow(_Fingerprinter(layout), schema)
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class _Fingerprinter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         schema = self.layout.arrow
         for batch in batches:
-            a, b = fingerprints(pa.Table.from_batches([batch]).cast(schema))
+            table = pa.Table.from_batches([batch])
+            a, b = fingerprints(table.select(schema.names).cast(schema))
             yield pa.RecordBatch.from_arrays(
                 [*batch.columns, pa.array(a), pa.array(b)], names=[*batch.schema.names, FP_A, FP_B]
             )

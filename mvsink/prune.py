@@ -63,6 +63,63 @@ def candidate_files(snap: Snapshot, keys: pa.Table, key: Sequence[str]) -> list[
     return sorted(out)
 
 
+def files_in_ranges(snap: Snapshot, ranges: pa.Table, key: Sequence[str]) -> list[int]:
+    """Indices into ``snap.files`` of the files that may hold a key within ``ranges``: a row per
+    group of touched keys sharing their partition key values (key columns that partition the
+    table, as the log writes them), with the group's least and greatest value of every other
+    key column in ``lo.<column>`` and ``hi.<column>``. Coarser than ``candidate_files`` (a
+    file between two touched keys is read), but needs no key on the driver."""
+    if not snap.files or ranges.num_rows == 0:
+        return []
+    part_keys = [k for k in key if k in snap.partition_by and k in ranges.column_names]
+    groups = ranges.select(part_keys).to_pylist() if part_keys else [{}] * ranges.num_rows
+    by_group: dict[tuple[str | None, ...], list[int]] = {}
+    for row, values in enumerate(groups):
+        by_group.setdefault(tuple(values[k] for k in part_keys), []).append(row)
+    file_groups: dict[tuple[str | None, ...], list[int]] = {}
+    for i, f in enumerate(snap.files):
+        group = tuple(f.partition_values.get(k) for k in part_keys)
+        if group in by_group:
+            file_groups.setdefault(group, []).append(i)
+    bounds = {}
+    for k in key:
+        if k in snap.partition_by or f"lo.{k}" not in ranges.column_names:
+            continue
+        lo_keys = _comparable(ranges.column(f"lo.{k}").combine_chunks())
+        hi_keys = _comparable(ranges.column(f"hi.{k}").combine_chunks())
+        found = _file_bounds(snap, k)
+        if (
+            lo_keys is not None
+            and hi_keys is not None
+            and found is not None
+            and lo_keys.dtype == found[0].dtype
+        ):
+            bounds[k] = (lo_keys, hi_keys, found)
+    out: list[int] = []
+    for group, file_rows in file_groups.items():
+        idx = np.asarray(file_rows, dtype=np.int64)
+        keep = np.zeros(len(idx), dtype=bool)
+        for row in by_group[group]:
+            hit = np.ones(len(idx), dtype=bool)
+            for lo_keys, hi_keys, (lo, hi, known) in bounds.values():
+                kmin, kmax = lo_keys[row], hi_keys[row]
+                f_lo, f_hi, f_known = lo[idx], hi[idx], known[idx]
+                if hi.dtype == object:  # an exclusive upper bound, None: none
+                    overlap = np.array(
+                        [
+                            bool(k) and lo_ <= kmax and (u is None or kmin < u)
+                            for lo_, u, k in zip(f_lo, f_hi, f_known, strict=True)
+                        ],
+                        dtype=bool,
+                    )
+                else:
+                    overlap = (f_lo <= kmax) & (kmin <= f_hi)
+                hit &= ~f_known | overlap
+            keep |= hit
+        out.extend(idx[keep].tolist())
+    return sorted(out)
+
+
 def _text_partition(t: pa.DataType) -> bool:
     """Whether casting a key of type ``t`` to string gives the log's partition value."""
     return bool(

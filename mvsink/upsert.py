@@ -19,6 +19,7 @@ For a batch, per key:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -26,18 +27,31 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
 
 from mvsink.context import EpochContext
 from mvsink.correction import I64
 from mvsink.delta import Snapshot
+from mvsink.distributed import with_fingerprints
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
-from mvsink.prune import candidate_files
+from mvsink.prune import candidate_files, files_in_ranges
 from mvsink.rules import table_rules
-from mvsink.write import IO_THREADS, Layout, Plan, Rewrite, Staged
+from mvsink.storage import Store
+from mvsink.write import (
+    IO_THREADS,
+    Layout,
+    Plan,
+    Rewrite,
+    Staged,
+    TaskRewrites,
+    file_frame,
+    raise_task_errors,
+    task_file,
+)
 
 FILE = "__mvsink_file"
 POS = "__mvsink_pos"
@@ -45,6 +59,9 @@ DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
 _TI = "__mvsink_touched"
+_SIDE = "__mvsink_side"
+_KIND = "__mvsink_kind"
+_ADDRESS = StructType([StructField(n, LongType()) for n in (FILE, POS, FP_A, FP_B)])
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,7 @@ class Upsert:
         self.spec = UpsertSpec(opts.key, opts.delete_column, opts.sequence_column)
         self.ranked: DataFrame | None = None
         self.touched: pa.Table | None = None
+        self.attempt: list[DataFrame] = []
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx, schema = self.ctx, layout.struct
@@ -151,6 +169,9 @@ class Upsert:
             ctx.enforce(stored_rows(self.ranked, schema), rules)
         if not snap.files and self.touched is None:
             return Plan(stored_rows(self.ranked, schema), None)
+        self._release_attempt()
+        if self.touched is None and ctx.placement(snap) == "distributed":
+            return self._plan_distributed(snap, layout)
         if self.touched is None:
             with ctx.phase("collect"):
                 cols = [F.col(quote(c)) for c in schema.names]
@@ -191,10 +212,70 @@ class Upsert:
         with ThreadPoolExecutor(IO_THREADS) as pool:
             return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
 
+    def _plan_distributed(self, snap: Snapshot, layout: Layout) -> Plan:
+        """The plan made by Spark (``distributed.py``): touched keys are never collected. The
+        files that may hold one are read by tasks, their rows of touched keys joined with the
+        winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
+        ctx, spec = self.ctx, self.spec
+        assert self.ranked is not None
+        spark = ctx.batch.sparkSession
+        keys = [F.col(quote(k)) for k in spec.key]
+        winners_raw = self.ranked.where(F.col(_RN) == 1)
+        with ctx.phase("prune"):
+            ranges = _key_ranges(winners_raw, snap, spec).toArrow()
+            ctx.batch_ran = True
+            numbers = files_in_ranges(snap, ranges, spec.key)
+        ctx.files_read += len(numbers)
+        winners = with_fingerprints(winners_raw, layout, [StructField(DEL, BooleanType())])
+        held = [*spec.key, *([spec.sequence_column] if spec.sequence_column else [])]
+        held_fields = [layout.struct[c] for c in held]
+        reader = _KeyReader(ctx.store, layout.arrow, snap.partition_by, tuple(held))
+        stored = (
+            file_frame(spark, snap.files, numbers)
+            .mapInArrow(reader, StructType([*held_fields, *_ADDRESS.fields]))
+            .join(winners.select(*keys), list(spec.key), "left_semi")
+        )
+        both = winners.select(
+            "*",
+            F.lit(None).cast("long").alias(FILE),
+            F.lit(None).cast("long").alias(POS),
+            F.lit(0).alias(_SIDE),
+        ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
+        out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
+        decided = both.repartition(*keys).mapInArrow(_Decider(spec, layout), out)
+        decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
+        self.attempt.append(decided)
+        with ctx.phase("diff"):
+            try:
+                counts = {r[_KIND]: r["count"] for r in decided.groupBy(_KIND).count().collect()}
+            except Exception as exc:
+                raise_task_errors(exc, ctx.where)
+                raise
+        inserted, retracted = counts.get(0, 0), counts.get(1, 0)
+        drops = (
+            decided.where(F.col(_KIND) == 1)
+            .groupBy(F.col(FILE).alias("file_no"))
+            .agg(F.array_sort(F.collect_list(POS)).alias("drop"))
+            .join(file_frame(spark, snap.files, numbers), "file_no")
+        )
+        return Plan(
+            decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
+            if inserted
+            else None,
+            inserted,
+            TaskRewrites(drops, snap.files, retracted) if retracted else (),
+        )
+
+    def _release_attempt(self) -> None:
+        for frame in self.attempt:
+            frame.unpersist()
+        self.attempt = []
+
     def committed(self, staged: Staged) -> None:
         pass
 
     def close(self) -> None:
+        self._release_attempt()
         if self.ranked is not None:
             self.ranked.unpersist()
             self.ranked = None
@@ -277,3 +358,95 @@ def _decide(
         rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
         rows.column(POS).filter(drop).to_numpy(),
     )
+
+
+def _key_ranges(winners: DataFrame, snap: Snapshot, spec: UpsertSpec) -> DataFrame:
+    """Per group of touched keys sharing their partition key values (as the log writes them),
+    the least and greatest value of each other key column (``prune.files_in_ranges``)."""
+    part_keys = [k for k in spec.key if k in snap.partition_by]
+    others = [k for k in spec.key if k not in snap.partition_by]
+    aggs = [F.min(quote(k)).alias(f"lo.{k}") for k in others] + [
+        F.max(quote(k)).alias(f"hi.{k}") for k in others
+    ]
+    groups = winners.groupBy(*[F.col(quote(k)).cast("string").alias(k) for k in part_keys])
+    return groups.agg(*aggs) if aggs else groups.count()
+
+
+@dataclass(frozen=True)
+class _KeyReader:
+    """Runs in a Spark task: each file's rows as (key and sequence columns, address,
+    fingerprint)."""
+
+    store: Store
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    held: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                rows = self.store.read(task_file(row), self.schema, self.partition_by)
+                n = rows.num_rows
+                if n == 0:
+                    continue
+                a, b = fingerprints(rows)
+                address = [np.full(n, row["file_no"], dtype=np.int64), np.arange(n, dtype=np.int64), a, b]
+                held = rows.select(list(self.held)).columns
+                yield from pa.Table.from_arrays(
+                    [*held, *map(pa.array, address)], schema=self._schema()
+                ).to_batches()
+
+    def _schema(self) -> pa.Schema:
+        return pa.schema(
+            [self.schema.field(c) for c in self.held]
+            + [pa.field(n, pa.int64()) for n in (FILE, POS, FP_A, FP_B)]
+        )
+
+
+@dataclass(frozen=True)
+class _Decider:
+    """Runs in a Spark task holding every row of its keys, both sides: decides them (rule 3 of
+    the module doc, ``_decide``) and emits the rows to insert (kind 0) and the stored rows to
+    drop (kind 1, by file number and position)."""
+
+    spec: UpsertSpec
+    layout: Layout
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches))
+        if table.num_rows == 0:
+            return
+        schema, spec = self.layout.arrow, self.spec
+        side = table.column(_SIDE).to_numpy(zero_copy_only=False)
+        touched_rows = table.filter(pa.array(side == 0))
+        touched = (
+            touched_rows.select(schema.names)
+            .cast(schema)
+            .append_column(DEL, touched_rows.column(DEL))
+            .append_column(FP_A, touched_rows.column(FP_A))
+            .append_column(FP_B, touched_rows.column(FP_B))
+        )
+        seq = [spec.sequence_column] if spec.sequence_column else []
+        stored_rows = table.filter(pa.array(side == 1))
+        stored = pa.table(
+            {
+                **{c: stored_rows.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]},
+                POS: stored_rows.column(POS),
+                FILE: stored_rows.column(FILE),
+                FP_A: stored_rows.column(FP_A),
+                FP_B: stored_rows.column(FP_B),
+            }
+        )
+        insert, drop_file, drop_pos = _decide(touched, stored if stored.num_rows else None, spec)
+        out = pa.schema(
+            [*schema, pa.field(_KIND, pa.int32()), pa.field(FILE, pa.int64()), pa.field(POS, pa.int64())]
+        )
+        ins = touched.filter(pa.array(insert)).select(schema.names)
+        n, m = ins.num_rows, len(drop_file)
+        if n + m == 0:
+            return
+        columns = [pa.concat_arrays([*c.chunks, pa.nulls(m, c.type)]) for c in ins.columns]
+        kinds = pa.array(np.concatenate([np.zeros(n, np.int32), np.ones(m, np.int32)]))
+        files = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_file, pa.int64())])
+        positions = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_pos, pa.int64())])
+        yield from pa.Table.from_arrays([*columns, kinds, files, positions], schema=out).to_batches()
