@@ -61,6 +61,9 @@ _RK = "__mvsink_rk"
 _TI = "__mvsink_touched"
 _SIDE = "__mvsink_side"
 _KIND = "__mvsink_kind"
+_RANGE = "__mvsink_range"
+KEY_RANGES = 256
+"""Ranges the distributed path cuts touched keys into to prune files (``_key_ranges``)."""
 _ADDRESS = StructType([StructField(n, LongType()) for n in (FILE, POS, FP_A, FP_B)])
 
 
@@ -361,15 +364,20 @@ def _decide(
 
 
 def _key_ranges(winners: DataFrame, snap: Snapshot, spec: UpsertSpec) -> DataFrame:
-    """Per group of touched keys sharing their partition key values (as the log writes them),
-    the least and greatest value of each other key column (``prune.files_in_ranges``)."""
+    """Touched keys as at most ``KEY_RANGES`` ranges per group of keys sharing their partition
+    key values (as the log writes them): the least and greatest value of each other key
+    column per range (``prune.files_in_ranges``). The keys are range-partitioned by Spark, so
+    each range holds neighbouring keys and a range rarely spans untouched files."""
     part_keys = [k for k in spec.key if k in snap.partition_by]
     others = [k for k in spec.key if k not in snap.partition_by]
+    groups = [F.col(quote(k)).cast("string").alias(k) for k in part_keys]
+    if not others:
+        return winners.groupBy(*groups).count()
+    ranged = winners.repartitionByRange(KEY_RANGES, *[F.col(quote(k)) for k in others])
     aggs = [F.min(quote(k)).alias(f"lo.{k}") for k in others] + [
         F.max(quote(k)).alias(f"hi.{k}") for k in others
     ]
-    groups = winners.groupBy(*[F.col(quote(k)).cast("string").alias(k) for k in part_keys])
-    return groups.agg(*aggs) if aggs else groups.count()
+    return ranged.groupBy(*groups, F.spark_partition_id().alias(_RANGE)).agg(*aggs)
 
 
 @dataclass(frozen=True)
@@ -413,7 +421,10 @@ class _Decider:
     layout: Layout
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches))
+        held = list(batches)
+        if not held:
+            return
+        table = pa.Table.from_batches(held)
         if table.num_rows == 0:
             return
         schema, spec = self.layout.arrow, self.spec

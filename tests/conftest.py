@@ -26,12 +26,38 @@ from mvsink.session import DEFAULTS, local_session
 from tests.s3server import BUCKET, free_port, moto_server, stop, wait_for_port
 
 _HERE = Path(__file__).resolve().parent
+MAX_RESULT_SIZE = "8m"
+
+
+@pytest.fixture(params=["driver", "distributed"])
+def placement(request: pytest.FixtureRequest) -> str:
+    """Where the correction is computed: the core and mode tests run in both placements."""
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the distributed placement on local disk only, to keep the suite short: the store
+    is the I/O layer's business, and tests/test_distributed.py runs that placement on S3."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        chosen = params.params if params else {}
+        (drop if chosen.get("target") == "s3" and chosen.get("placement") == "distributed" else keep).append(
+            item
+        )
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
 def spark(s3_env: dict[str, str]) -> Iterator[SparkSession]:
     # After s3_env: Spark's Python workers inherit the environment the JVM starts with.
-    session = local_session("mvsink-tests", conf={"spark.driver.memory": "2g"})
+    # A small result limit for the whole suite: the distributed path must never need more
+    # (tests/test_distributed.py pushes views whose fingerprints are several times this).
+    session = local_session(
+        "mvsink-tests", conf={"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
+    )
     yield session
     session.stop()
 

@@ -10,14 +10,16 @@ from tests.helpers import multiset, once, target_table, versions
 SCHEMA = "id long, v string"
 
 
-def test_each_epoch_appends_its_rows_once_even_when_replayed(spark, target):
-    sink = MVSink(target, "log", mode="append")
+def test_each_epoch_appends_its_rows_once_even_when_replayed(spark, target, placement):
+    sink = MVSink(target, "log", mode="append", placement=placement)
     b0 = spark.createDataFrame([(1, "a"), (1, "a")], SCHEMA)
     b1 = spark.createDataFrame([(2, "b")], SCHEMA)
     assert sink(b0, 0).inserted == 2
     sink(b1, 1)
     n = len(versions(target))
-    assert MVSink(target, "log", mode="append")(b1, 1).outcome == "replay"  # restarted job replays
+    assert (
+        MVSink(target, "log", mode="append", placement=placement)(b1, 1).outcome == "replay"
+    )  # restarted job replays
     assert len(versions(target)) == n
     assert multiset(target_table(target)) == Counter([(1, "a"), (1, "a"), (2, "b")])
     assert frontier(target, "log") == 2

@@ -30,8 +30,8 @@ from tests.test_sink import people
 RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
 
 
-def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spark, target):
-    sink = MVSink(target, "compact", max_rows_per_file=2, retry=RETRY_FAST)
+def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spark, target, placement):
+    sink = MVSink(target, "compact", max_rows_per_file=2, retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(10)), 0)
     small_files = live_files(target)
     assert len(small_files) >= 4
@@ -52,8 +52,8 @@ def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spa
     assert set(removed(target, report.version)) <= {p for v in versions(target) for p in added(target, v)}
 
 
-def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, target):
-    sink = MVSink(target, "window", retry=RETRY_FAST)
+def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, target, placement):
+    sink = MVSink(target, "window", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
     sink._before_commit = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
     desired = people(spark, range(6))
@@ -62,9 +62,9 @@ def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, ta
     assert_equal_to(target, desired)
 
 
-def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target):
-    a = MVSink(target, "rep", retry=RETRY_FAST)
-    b = MVSink(target, "rep", retry=RETRY_FAST)
+def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target, placement):
+    a = MVSink(target, "rep", retry=RETRY_FAST, placement=placement)
+    b = MVSink(target, "rep", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
     desired = people(spark, range(2, 9))
     a._before_commit = once(lambda: b(desired, 1))  # the twin commits epoch 1 first
@@ -77,9 +77,9 @@ def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target):
     assert data_files_on_disk(target) == {p for v in versions(target) for p in added(target, v)}
 
 
-def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target):
-    a = MVSink(target, "newer", retry=RETRY_FAST)
-    b = MVSink(target, "newer", retry=RETRY_FAST)
+def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target, placement):
+    a = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
+    b = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
     a._before_commit = once(lambda: b(people(spark, range(30, 33)), 2))
     report = a(people(spark, range(10)), 1)
@@ -88,8 +88,8 @@ def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target):
     assert_equal_to(target, people(spark, range(30, 33)))
 
 
-def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target):
-    sink = MVSink(target, "busy", retry=RETRY_FAST)
+def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target, placement):
+    sink = MVSink(target, "busy", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
     sink._before_commit = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])
     with pytest.raises(RetriesExhaustedError) as info:
@@ -106,11 +106,11 @@ import json, sys, time, os
 sys.path.insert(0, os.getcwd())
 from mvsink.session import local_session
 from mvsink import MVSink
-target, go, epochs, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+target, go, epochs, mode, placement = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 spark = local_session("race", conf={"spark.driver.memory": "1g"})
 keys = {"key": ["id"]} if mode == "upsert" else {}
 retry = {"initial_backoff_s": 0.01, "max_attempts": 50}
-sink = MVSink(target, "race", mode=mode, max_rows_per_file=4, retry=retry, **keys)
+sink = MVSink(target, "race", mode=mode, max_rows_per_file=4, retry=retry, **keys, placement=placement)
 rows = [[(i, f"e{e}-{i % 3}") for i in range(e, e + 12)] for e in range(epochs)]
 frames = [spark.createDataFrame(r, "id long, v string") for r in rows]
 for f in frames:
@@ -142,14 +142,15 @@ def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), target, go, str(epochs), mode],
+            # One replica plans on the driver, the other in Spark: they must agree.
+            [sys.executable, str(script), target, go, str(epochs), mode, placement],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
             cwd=os.getcwd(),
         )
-        for _ in range(2)
+        for placement in ("driver", "distributed")
     ]
     time.sleep(1)
     open(go, "w").close()

@@ -26,8 +26,8 @@ def test_a_sink_pickles_as_its_options_and_runs_again_where_it_lands(spark, targ
     assert frontier(target, "pickled") == 2
 
 
-def test_exact_with_duplicates_and_nulls_and_repairs_a_foreign_write(connect, target):
-    sink = MVSink(target, "exact")
+def test_exact_with_duplicates_and_nulls_and_repairs_a_foreign_write(connect, target, placement):
+    sink = MVSink(target, "exact", placement=placement)
     rows = [(1, "a", 1.0), (1, "a", 1.0), (2, None, None), (None, None, float("nan")), (3, "c", -0.0)]
     desired = connect.createDataFrame(rows, SCHEMA)
     first = sink(desired, 0)
@@ -42,8 +42,8 @@ def test_exact_with_duplicates_and_nulls_and_repairs_a_foreign_write(connect, ta
     assert sink(desired, 1).outcome == "replay" and len(versions(target)) == n
 
 
-def test_upsert_and_append_under_connect(connect, target):
-    up = MVSink(target, "up", mode="upsert", key=["id"], delete_column="gone")
+def test_upsert_and_append_under_connect(connect, target, placement):
+    up = MVSink(target, "up", mode="upsert", key=["id"], delete_column="gone", placement=placement)
     schema = "id long, name string, gone boolean"
     up(connect.createDataFrame([(1, "a", False), (2, "b", False)], schema), 0)
     up(connect.createDataFrame([(2, "B", False), (1, None, True), (3, "c", False)], schema), 1)

@@ -28,8 +28,8 @@ def unchanged_after(target, action):
     assert versions(target) == before
 
 
-def test_a_schema_change_is_refused_naming_the_columns(spark, target):
-    sink = MVSink(target, "schema")
+def test_a_schema_change_is_refused_naming_the_columns(spark, target, placement):
+    sink = MVSink(target, "schema", placement=placement)
     desired = people(spark, range(5))
     sink(desired, 0)
     other = spark.createDataFrame([(1, 2, "x")], "id long, name int, extra string")
@@ -43,8 +43,8 @@ def test_a_schema_change_is_refused_naming_the_columns(spark, target):
     assert_equal_to(target, desired)
 
 
-def test_column_order_and_nullability_may_differ(spark, target):
-    sink = MVSink(target, "order")
+def test_column_order_and_nullability_may_differ(spark, target, placement):
+    sink = MVSink(target, "order", placement=placement)
     sink(people(spark, range(5)), 0)
     reordered = people(spark, range(3, 8)).select("x", "id", "name")
     sink(reordered, 1)
@@ -114,6 +114,7 @@ def test_a_bad_epoch_is_refused(spark, target, epoch):
         ({"max_rows_per_file": 0}, "max_rows_per_file"),
         ({"retry": {"max_attempts": 0}}, "retry.max_attempts"),
         ({"mode": "merge"}, "mode"),
+        ({"placement": "cluster"}, "placement"),
         ({"colour": "red"}, "colour"),
     ],
 )

@@ -40,9 +40,9 @@ def test_awkward_partition_values_roundtrip_through_both_readers(spark, target):
     assert same.files_read == 0
 
 
-def test_a_correction_rewrites_files_only_in_the_partitions_it_touches(spark, target):
+def test_a_correction_rewrites_files_only_in_the_partitions_it_touches(spark, target, placement):
     rows = [(i, AWKWARD[i % len(AWKWARD)], float(i)) for i in range(36)]
-    sink = MVSink(target, "touch", partition_by=["region"])
+    sink = MVSink(target, "touch", partition_by=["region"], placement=placement)
     sink(spark.createDataFrame(rows, "id long, region string, x double"), 0)
     changed = [(i, r, x + (1 if r == "é ü 東京" else 0)) for i, r, x in rows]
     desired = spark.createDataFrame(changed, "id long, region string, x double")
@@ -71,17 +71,19 @@ def test_a_correction_rewrites_files_only_in_the_partitions_it_touches(spark, ta
         ),
     ],
 )
-def test_typed_partition_columns(spark, target, schema, rows):
+def test_typed_partition_columns(spark, target, placement, schema, rows):
     desired = spark.createDataFrame(rows, schema)
-    sink = MVSink(target, "typed", partition_by=["n", "d", "flag"])
+    sink = MVSink(target, "typed", partition_by=["n", "d", "flag"], placement=placement)
     sink(desired, 0)
     assert_equal_to(target, desired)
     assert sink(desired, 1).files_added == 0
 
 
-def test_upsert_and_append_into_partitioned_targets(spark, target, tmp_path):
+def test_upsert_and_append_into_partitioned_targets(spark, target, placement, tmp_path):
     schema = "region string, id long, v string"
-    up = MVSink(target, "up", mode="upsert", key=["region", "id"], partition_by=["region"])
+    up = MVSink(
+        target, "up", mode="upsert", key=["region", "id"], partition_by=["region"], placement=placement
+    )
     up(spark.createDataFrame([("eu west", 1, "a"), ("us", 1, "b"), ("50%", 2, "c")], schema), 0)
     files_before = live_files(target)
     report = up(spark.createDataFrame([("eu west", 1, "A"), ("東京", 3, "d")], schema), 1)
@@ -91,7 +93,7 @@ def test_upsert_and_append_into_partitioned_targets(spark, target, tmp_path):
     assert report.files_read == 1  # only the "eu west" partition can hold a touched key
     assert len(set(removed(target, report.version)) & files_before) == 1
     log = str(tmp_path / "log")
-    app = MVSink(log, "app", mode="append", partition_by=["region"])
+    app = MVSink(log, "app", mode="append", partition_by=["region"], placement=placement)
     app(spark.createDataFrame([("a b", 1, "x"), (None, 2, "y")], schema), 0)
     app(spark.createDataFrame([("a b", 1, "x")], schema), 1)
     assert multiset(target_table(log)) == Counter([("a b", 1, "x"), ("a b", 1, "x"), (None, 2, "y")])

@@ -60,8 +60,8 @@ def test_first_epoch_creates_the_table_and_records_the_frontier(spark, target):
     assert info["mvsink.files_removed"] == "0"
 
 
-def test_each_epoch_leaves_the_target_equal_to_desired_and_advances_the_frontier(spark, target):
-    sink = MVSink(target, "people")
+def test_each_epoch_leaves_the_target_equal_to_desired_and_advances_the_frontier(spark, target, placement):
+    sink = MVSink(target, "people", placement=placement)
     for epoch, ids in enumerate([range(0, 10), range(5, 15), range(0, 3), range(100, 101)]):
         desired = people(spark, ids, suffix=str(epoch % 2))
         report = sink(desired, epoch)
@@ -75,8 +75,8 @@ def test_each_epoch_leaves_the_target_equal_to_desired_and_advances_the_frontier
         assert int(info["mvsink.files_removed"]) == len(removed(target, report.version))
 
 
-def test_duplicates_nulls_and_nan_are_kept_exactly(spark, target):
-    sink = MVSink(target, "dups", max_rows_per_file=2)
+def test_duplicates_nulls_and_nan_are_kept_exactly(spark, target, placement):
+    sink = MVSink(target, "dups", max_rows_per_file=2, placement=placement)
     nan = float("nan")
     rows = [(1, "a", 1.0)] * 3 + [(None, None, None)] * 2 + [(2, None, nan)] * 2 + [(3, "c", -0.0)]
     sink(frame(spark, rows), 0)
@@ -91,8 +91,8 @@ def test_duplicates_nulls_and_nan_are_kept_exactly(spark, target):
     assert (again.inserted, again.retracted, again.files_added) == (0, 0, 0)
 
 
-def test_only_files_holding_retracted_rows_are_rewritten(spark, target):
-    sink = MVSink(target, "files", max_rows_per_file=10)
+def test_only_files_holding_retracted_rows_are_rewritten(spark, target, placement):
+    sink = MVSink(target, "files", max_rows_per_file=10, placement=placement)
     sink(people(spark, range(100)), 0)
     before = live_files(target)
     assert len(before) >= 5
@@ -122,8 +122,8 @@ def test_only_files_holding_retracted_rows_are_rewritten(spark, target):
     assert new_rows == old_rows - 3 + 3
 
 
-def test_an_unchanged_epoch_commits_only_the_frontier(spark, target):
-    sink = MVSink(target, "same")
+def test_an_unchanged_epoch_commits_only_the_frontier(spark, target, placement):
+    sink = MVSink(target, "same", placement=placement)
     desired = people(spark, range(20))
     sink(desired, 0)
     files = live_files(target)
@@ -134,8 +134,8 @@ def test_an_unchanged_epoch_commits_only_the_frontier(spark, target):
     assert frontier(target, "same") == 2
 
 
-def test_rogue_inserts_deletes_and_duplicates_are_repaired_next_epoch(spark, target):
-    sink = MVSink(target, "heal", max_rows_per_file=5)
+def test_rogue_inserts_deletes_and_duplicates_are_repaired_next_epoch(spark, target, placement):
+    sink = MVSink(target, "heal", max_rows_per_file=5, placement=placement)
     desired = people(spark, range(20))
     sink(desired, 0)
     foreign_append(target, [{"id": 999, "name": "rogue", "x": 1.0}])
@@ -148,21 +148,21 @@ def test_rogue_inserts_deletes_and_duplicates_are_repaired_next_epoch(spark, tar
     assert_equal_to(target, desired)
 
 
-def test_a_replayed_epoch_writes_nothing_and_creates_no_version(spark, target):
-    sink = MVSink(target, "replay")
+def test_a_replayed_epoch_writes_nothing_and_creates_no_version(spark, target, placement):
+    sink = MVSink(target, "replay", placement=placement)
     sink(people(spark, range(5)), 0)
     sink(people(spark, range(6)), 1)
     before = versions(target)
     # Spark replays batch 1 after a restart, and a lagging replica sends batch 0.
     for epoch in (1, 0):
-        report = MVSink(target, "replay")(people(spark, range(99)), epoch)
+        report = MVSink(target, "replay", placement=placement)(people(spark, range(99)), epoch)
         assert report.outcome == "replay" and report.version is None
     assert versions(target) == before
     assert_equal_to(target, people(spark, range(6)))
 
 
-def test_epochs_before_as_of_produce_nothing_then_the_frontier_jumps(spark, target):
-    sink = MVSink(target, "asof", as_of=5)
+def test_epochs_before_as_of_produce_nothing_then_the_frontier_jumps(spark, target, placement):
+    sink = MVSink(target, "asof", as_of=5, placement=placement)
     for epoch in range(5):
         assert sink(people(spark, range(epoch + 1)), epoch).outcome == "before_as_of"
     assert not os.path.exists(target)
@@ -175,9 +175,9 @@ def test_epochs_before_as_of_produce_nothing_then_the_frontier_jumps(spark, targ
     assert_equal_to(target, people(spark, range(4)))
 
 
-def test_read_only_sink_reports_the_correction_and_commits_nothing(spark, target):
-    MVSink(target, "ro")(people(spark, range(10)), 0)
-    standby = MVSink(target, "ro", read_only=True)
+def test_read_only_sink_reports_the_correction_and_commits_nothing(spark, target, placement):
+    MVSink(target, "ro", placement=placement)(people(spark, range(10)), 0)
+    standby = MVSink(target, "ro", read_only=True, placement=placement)
     report = standby(people(spark, range(5, 12)), 1)
     assert report.outcome == "read_only"
     assert (report.inserted, report.retracted) == (2, 5)
@@ -240,15 +240,15 @@ def test_staged_files_outside_hidden_folders_and_none_left_behind(spark, target)
     assert not any(n.endswith(".crc") or n == "_SUCCESS" for _, _, ns in os.walk(target) for n in ns)
 
 
-def test_an_empty_desired_empties_the_view_and_can_create_it(spark, target, tmp_path):
-    sink = MVSink(target, "empty", max_rows_per_file=3)
+def test_an_empty_desired_empties_the_view_and_can_create_it(spark, target, placement, tmp_path):
+    sink = MVSink(target, "empty", max_rows_per_file=3, placement=placement)
     sink(people(spark, range(7)), 0)
     report = sink(people(spark, range(0)), 1)
     assert report.retracted == 7 and report.files_added == 0
     assert target_table(target).num_rows == 0
     assert frontier(target, "empty") == 2
     fresh = str(tmp_path / "fresh")
-    MVSink(fresh, "fresh")(people(spark, range(0)), 0)
+    MVSink(fresh, "fresh", placement=placement)(people(spark, range(0)), 0)
     assert target_table(fresh).column_names == ["id", "name", "x"]
     assert frontier(fresh, "fresh") == 1
 
@@ -262,10 +262,10 @@ def test_without_the_cache_desired_is_evaluated_twice_and_still_exact(spark, tar
     assert_equal_to(target, desired)
 
 
-def test_a_nondeterministic_desired_is_written_as_one_evaluation(spark, target):
+def test_a_nondeterministic_desired_is_written_as_one_evaluation(spark, target, placement):
     from pyspark.sql import functions as F
 
-    sink = MVSink(target, "shaky")
+    sink = MVSink(target, "shaky", placement=placement)
     # current_timestamp() is fixed per query, and every evaluation is a new query: rows mixed
     # from two evaluations would show two values of x.
     now = F.unix_micros(F.current_timestamp()).cast("double")
@@ -308,11 +308,11 @@ def test_timestamps_at_the_end_of_time_keep_the_stream_going(spark, target):
     assert (again.inserted, again.retracted) == (0, 0)
 
 
-def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothing(spark, target):
+def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothing(spark, target, placement):
     from mvsink import InvariantViolation
     from tests.helpers import store
 
-    sink = MVSink(target, "vanish")
+    sink = MVSink(target, "vanish", placement=placement)
     sink(people(spark, range(10)), 0)
 
     def vacuum_too_eager(snap: object) -> None:
@@ -326,8 +326,8 @@ def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothin
     assert data_files_on_disk(target) == live_files(target)  # the attempt's files are gone
 
 
-def test_a_file_whose_every_row_goes_is_removed_without_being_read(spark, target):
-    sink = MVSink(target, "drop", max_rows_per_file=5)
+def test_a_file_whose_every_row_goes_is_removed_without_being_read(spark, target, placement):
+    sink = MVSink(target, "drop", max_rows_per_file=5, placement=placement)
     sink(people(spark, range(20)), 0)
     report = sink(people(spark, range(10, 20)), 1)  # the files holding ids 0..9 go whole
     assert report.retracted == 10 and report.inserted == 0

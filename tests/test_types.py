@@ -48,10 +48,12 @@ def row(k: int) -> tuple[object, ...]:
 NULLS = (None,) * 18
 
 
-def test_all_types_roundtrip_and_an_unchanged_epoch_writes_nothing(spark: SparkSession, target: str) -> None:
+def test_all_types_roundtrip_and_an_unchanged_epoch_writes_nothing(
+    spark: SparkSession, target: str, placement
+) -> None:
     rows = [row(k) for k in range(20)] + [NULLS, NULLS]
     desired = spark.createDataFrame(rows, ALL_TYPES)
-    sink = MVSink(target, "types", max_rows_per_file=7)
+    sink = MVSink(target, "types", max_rows_per_file=7, placement=placement)
     sink(desired, 0)
     assert_equal_to(target, desired)
     assert multiset(spark_read_listed(spark, target).toArrow()) == multiset(desired.toArrow())
@@ -60,9 +62,9 @@ def test_all_types_roundtrip_and_an_unchanged_epoch_writes_nothing(spark: SparkS
     assert (same.inserted, same.retracted, same.files_added) == (0, 0, 0)
 
 
-def test_a_change_deep_inside_a_value_is_one_retraction_and_one_insert(spark, target):
+def test_a_change_deep_inside_a_value_is_one_retraction_and_one_insert(spark, target, placement):
     rows = [row(k) for k in range(10)]
-    sink = MVSink(target, "deep")
+    sink = MVSink(target, "deep", placement=placement)
     sink(spark.createDataFrame(rows, ALL_TYPES), 0)
     changed = list(rows)
     r = list(changed[4])
@@ -77,7 +79,7 @@ def test_a_change_deep_inside_a_value_is_one_retraction_and_one_insert(spark, ta
     assert_equal_to(target, desired)
 
 
-def test_rows_that_plain_spark_hashing_confuses_stay_distinct(spark, target):
+def test_rows_that_plain_spark_hashing_confuses_stay_distinct(spark, target, placement):
     # xxhash64 skips nulls and ignores array boundaries: each pair below hashes alike there.
     schema = "a int, b int, arr array<array<int>>, s struct<x:string,y:string>, m map<string,string>"
     pairs = [
@@ -89,7 +91,7 @@ def test_rows_that_plain_spark_hashing_confuses_stay_distinct(spark, target):
         ((0, 0, None, None, {"k": None}), (0, 0, None, None, {})),
         ((0, 0, None, None, {"a": "b"}), (0, 0, None, None, {"b": "a"})),
     ]
-    sink = MVSink(target, "collide")
+    sink = MVSink(target, "collide", placement=placement)
     for epoch, (first, second) in enumerate(pairs):
         sink(spark.createDataFrame([first], schema), 2 * epoch)
         report = sink(spark.createDataFrame([second], schema), 2 * epoch + 1)

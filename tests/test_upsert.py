@@ -21,8 +21,8 @@ def rows_of(target: str) -> Counter:
     return multiset(target_table(target))
 
 
-def test_changed_keys_replace_their_rows_and_other_keys_stay(spark, target):
-    sink = MVSink(target, "u", mode="upsert", key=["id"])
+def test_changed_keys_replace_their_rows_and_other_keys_stay(spark, target, placement):
+    sink = MVSink(target, "u", mode="upsert", key=["id"], placement=placement)
     sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(1, 6)], SCHEMA), 0)
     report = sink(spark.createDataFrame([(2, "two", 2.5), (6, "six", 6.0)], SCHEMA), 1)
     assert (report.inserted, report.retracted) == (2, 1)
@@ -36,8 +36,8 @@ def test_changed_keys_replace_their_rows_and_other_keys_stay(spark, target):
     assert (again.inserted, again.retracted, again.files_added) == (0, 0, 0)
 
 
-def test_a_delete_marker_removes_its_key_and_is_not_stored(spark, target):
-    sink = MVSink(target, "d", mode="upsert", key=["id"], delete_column="gone")
+def test_a_delete_marker_removes_its_key_and_is_not_stored(spark, target, placement):
+    sink = MVSink(target, "d", mode="upsert", key=["id"], delete_column="gone", placement=placement)
     sink(spark.createDataFrame([(i, f"n{i}", 1.0, False) for i in range(4)], WITH_DELETE), 0)
     assert target_table(target).column_names == ["id", "name", "amount"]
     sink(
@@ -49,8 +49,8 @@ def test_a_delete_marker_removes_its_key_and_is_not_stored(spark, target):
     assert rows_of(target) == Counter([(0, "n0", 1.0), (2, "n2", 1.0), (3, "n3", 1.0), (9, "nine", 9.0)])
 
 
-def test_the_highest_sequence_wins_and_older_events_never_roll_a_key_back(spark, target):
-    sink = MVSink(target, "s", mode="upsert", key=["id"], sequence_column="seq")
+def test_the_highest_sequence_wins_and_older_events_never_roll_a_key_back(spark, target, placement):
+    sink = MVSink(target, "s", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
     batch = [(1, "a-old", 1), (1, "a-new", 3), (1, "a-mid", 2), (2, "b", 5)]
     sink(spark.createDataFrame(batch, WITH_SEQ), 0)
     assert rows_of(target) == Counter([(1, "a-new", 3), (2, "b", 5)])
@@ -63,9 +63,17 @@ def test_the_highest_sequence_wins_and_older_events_never_roll_a_key_back(spark,
     assert rows_of(target) == Counter([(1, "a-newer", 4), (2, "b-again", 5)])
 
 
-def test_an_old_delete_does_not_remove_a_newer_row(spark, target):
+def test_an_old_delete_does_not_remove_a_newer_row(spark, target, placement):
     schema = "id long, v string, seq long, del boolean"
-    sink = MVSink(target, "sd", mode="upsert", key=["id"], sequence_column="seq", delete_column="del")
+    sink = MVSink(
+        target,
+        "sd",
+        mode="upsert",
+        key=["id"],
+        sequence_column="seq",
+        delete_column="del",
+        placement=placement,
+    )
     sink(spark.createDataFrame([(1, "a", 10, False), (2, "b", 10, False)], schema), 0)
     sink(spark.createDataFrame([(1, None, 9, True), (2, None, 11, True)], schema), 1)
     assert rows_of(target) == Counter([(1, "a", 10)])
@@ -79,9 +87,9 @@ def test_an_old_delete_does_not_remove_a_newer_row(spark, target):
     ],
 )
 def test_bad_batches_are_refused_and_leave_the_target_unchanged(
-    spark, target, options, batch, error, message
+    spark, target, placement, options, batch, error, message
 ):
-    sink = MVSink(target, "bad", mode="upsert", key=["id"], **options)
+    sink = MVSink(target, "bad", mode="upsert", key=["id"], **options, placement=placement)
     sink(spark.createDataFrame([(5, "e", 5.0)], SCHEMA), 0)
     before = versions(target)
     with pytest.raises(error, match=message) as info:
@@ -108,8 +116,8 @@ def test_missing_key_column_is_a_clear_error(spark, target):
     assert not os.path.exists(target)
 
 
-def test_whatever_the_target_holds_for_a_touched_key_becomes_the_desired_row(spark, target):
-    sink = MVSink(target, "heal", mode="upsert", key=["id"])
+def test_whatever_the_target_holds_for_a_touched_key_becomes_the_desired_row(spark, target, placement):
+    sink = MVSink(target, "heal", mode="upsert", key=["id"], placement=placement)
     sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(1, 6)], SCHEMA), 0)
     foreign_append(target, [{"id": 3, "name": "n3", "amount": 3.0}] * 2)  # key 3 held three times
     foreign_append(target, [{"id": 4, "name": "stale", "amount": 0.0}])  # key 4 held twice
@@ -128,8 +136,16 @@ def test_whatever_the_target_holds_for_a_touched_key_becomes_the_desired_row(spa
     )
 
 
-def test_only_files_that_can_hold_a_touched_key_are_read_and_rewritten(spark, target):
-    sink = MVSink(target, "prune", mode="upsert", key=["id"], max_rows_per_file=100, cluster_by=["id"])
+def test_only_files_that_can_hold_a_touched_key_are_read_and_rewritten(spark, target, placement):
+    sink = MVSink(
+        target,
+        "prune",
+        mode="upsert",
+        key=["id"],
+        max_rows_per_file=100,
+        cluster_by=["id"],
+        placement=placement,
+    )
     sink(spark.createDataFrame([(i, f"n{i}", float(i)) for i in range(2000)], SCHEMA), 0)
     files = live_files(target)
     assert len(files) >= 10
@@ -142,9 +158,9 @@ def test_only_files_that_can_hold_a_touched_key_are_read_and_rewritten(spark, ta
     assert len(rows_of(target)) == 2001
 
 
-def test_upsert_replay_and_a_racing_replica(spark, target):
-    a = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0})
-    b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0})
+def test_upsert_replay_and_a_racing_replica(spark, target, placement):
+    a = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0}, placement=placement)
+    b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0}, placement=placement)
     a(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 0)
     batch = spark.createDataFrame([(2, "B", 2.0), (3, "C", 3.0)], SCHEMA)
     a._before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
@@ -172,8 +188,8 @@ def test_a_null_delete_marker_is_bad_input(spark, target):
     assert rows_of(target) == Counter([(1, "a", 1.0)])
 
 
-def test_stored_rows_with_a_null_sequence_are_older_than_any_event(spark, target):
-    sink = MVSink(target, "nullseq", mode="upsert", key=["id"], sequence_column="seq")
+def test_stored_rows_with_a_null_sequence_are_older_than_any_event(spark, target, placement):
+    sink = MVSink(target, "nullseq", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
     sink(spark.createDataFrame([(1, "a", 3), (2, "b", 1)], WITH_SEQ), 0)
     foreign_append(target, [{"id": 1, "name": "rogue", "seq": None}])  # key 1 held twice
     foreign_append(target, [{"id": 3, "name": "rogue", "seq": None}])

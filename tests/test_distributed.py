@@ -1,0 +1,200 @@
+"""The distributed path and the index kept in storage (``distributed.py``, ``index.py``).
+
+The suite's SparkSession limits results to ``conftest.MAX_RESULT_SIZE``: here a view whose
+fingerprints alone are several times that goes through the distributed path, epoch after
+epoch, and the driver path is shown to hit the limit on the same view.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mvsink import MVSink
+from mvsink.delta import load_snapshot
+from mvsink.errors import Where
+from mvsink.index import HIDDEN, StoredIndex
+from mvsink.schema import arrow_schema, target_struct
+from tests.helpers import assert_equal_to, live_files, target_table
+
+ROWS = 1_500_000  # 16 bytes of fingerprint a row: 24 MB, three times the 8 MB result limit
+
+
+def view(spark: SparkSession, epoch: int, n: int = ROWS) -> DataFrame:
+    """Ids 0..n (less every 1000th from epoch 2 on); every 500th row's value moves each
+    epoch; ids below 3 appear twice."""
+    ids = spark.range(n)
+    if epoch >= 2:
+        ids = ids.where(F.col("id") % 1000 != 7)
+    value = F.col("id") * 3 + F.when(F.col("id") % 500 == 0, F.lit(epoch)).otherwise(F.lit(0))
+    rows = ids.select(F.col("id"), value.alias("v"))
+    return rows.unionByName(rows.where(F.col("id") < 3))
+
+
+def expected(epoch: int, n: int = ROWS) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.arange(n, dtype=np.int64)
+    if epoch >= 2:
+        ids = ids[ids % 1000 != 7]
+    ids = np.concatenate([ids, ids[ids < 3]])
+    values = ids * 3 + np.where(ids % 500 == 0, epoch, 0)
+    order = np.lexsort((values, ids))
+    return ids[order], values[order]
+
+
+def held(target: str) -> tuple[np.ndarray, np.ndarray]:
+    table = target_table(target)
+    ids, values = table.column("id").to_numpy(), table.column("v").to_numpy()
+    order = np.lexsort((values, ids))
+    return ids[order], values[order]
+
+
+def index_entries(target: str, name: str) -> set[str]:
+    root = os.path.join(target, HIDDEN, name, "index")
+    return {os.path.relpath(os.path.join(d, f), target) for d, _, fs in os.walk(root) for f in fs}
+
+
+def stored_index(target: str, name: str) -> tuple[StoredIndex, list]:  # type: ignore[type-arg]
+    snap = load_snapshot(target, f"mvsink:{name}", {}, Where())
+    assert snap.schema_json is not None
+    sink = MVSink(target, name)
+    return StoredIndex.of(sink.store, name, arrow_schema(target_struct(snap.schema_json))), list(snap.files)
+
+
+def test_a_view_bigger_than_the_result_limit_stays_exact_over_epochs(spark, local_target):
+    sink = MVSink(local_target, "big", placement="distributed", max_rows_per_file=200_000)
+    for epoch in range(4):
+        report = sink(view(spark, epoch), epoch)
+        assert report.outcome == "committed"
+        ids, values = held(local_target)
+        want_ids, want_values = expected(epoch)
+        assert np.array_equal(ids, want_ids) and np.array_equal(values, want_values), f"epoch {epoch}"
+        if epoch:  # every 500th row moves (id 0 twice); epoch 2 also drops every 1000th
+            moved = ROWS // 500 + 1
+            assert (report.inserted, report.retracted) == (moved, moved + (ROWS // 1000 if epoch == 2 else 0))
+    # The driver path cannot even bring this view's rows in under the same limit.
+    standby = MVSink(local_target, "big", placement="driver", read_only=True)
+    with pytest.raises(Exception, match="maxResultSize"):
+        standby(view(spark, 4), 4)
+
+
+def test_a_restart_reads_the_index_not_the_table(spark, local_target, placement):
+    sink = MVSink(local_target, "restart", max_rows_per_file=50, placement=placement)
+    desired = spark.range(1000).select("id", (F.col("id") % 7).alias("v"))
+    sink(desired, 0)
+    sink(desired.withColumn("v", F.col("v") + (F.col("id") == 5).cast("long")), 1)
+    entries = index_entries(local_target, "restart")
+    stamps = {p: os.stat(os.path.join(local_target, p)).st_mtime_ns for p in entries}
+    assert len(entries) == len(live_files(local_target))
+
+    again = MVSink(local_target, "restart", max_rows_per_file=50, placement=placement)
+    report = again(desired, 2)
+    assert (report.inserted, report.retracted) == (1, 1)
+    assert_equal_to(local_target, desired)
+    assert report.files_read <= 1  # the one file rewritten, if read on the driver
+    for p, stamp in stamps.items():  # no entry was recomputed
+        if os.path.exists(os.path.join(local_target, p)):
+            assert os.stat(os.path.join(local_target, p)).st_mtime_ns == stamp
+
+
+def test_an_entry_that_does_not_describe_its_file_is_not_trusted(spark, local_target, placement):
+    sink = MVSink(local_target, "forged", max_rows_per_file=10, placement=placement)
+    desired = spark.range(100).select("id", (F.col("id") * 2).alias("v"))
+    sink(desired, 0)
+    index, files = stored_index(local_target, "forged")
+    # Swap two files' entries: each now names the other file.
+    a, b = (Path(local_target, index.path(f.key)) for f in files[:2])
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    # Rows whose entries were swapped are unchanged: a trusted entry would retract and insert.
+    fresh = MVSink(local_target, "forged", max_rows_per_file=10, placement=placement)
+    report = fresh(desired, 1)
+    assert (report.inserted, report.retracted) == (0, 0)
+    assert_equal_to(local_target, desired)
+
+
+def test_entries_follow_the_table_and_leftovers_are_swept(spark, local_target, placement):
+    sink = MVSink(local_target, "sweep", max_rows_per_file=20, placement=placement)
+    for epoch in range(3):
+        sink(spark.range(200).select("id", (F.col("id") % (epoch + 2)).alias("v")), epoch)
+    index, files = stored_index(local_target, "sweep")
+    live = {index.path(f.key) for f in files}
+    # Entries of removed files went with their commits.
+    assert index_entries(local_target, "sweep") == live
+    # A leftover (an attempt that crashed before committing) is swept by the next sink.
+    index.put("mvsink-sweep-e9-crashed/part-0.parquet", 1, index.get(files[0]))  # type: ignore[arg-type]
+    assert len(index_entries(local_target, "sweep")) == len(live) + 1
+    MVSink(local_target, "sweep", max_rows_per_file=20, placement=placement)(
+        spark.range(200).select("id", (F.col("id") % 4).alias("v")), 3
+    )
+    index, files = stored_index(local_target, "sweep")
+    assert index_entries(local_target, "sweep") == {index.path(f.key) for f in files}
+    # Delta readers never see the index.
+    assert DeltaTable(local_target).to_pyarrow_table().num_rows == 200
+
+
+def test_auto_placement_goes_distributed_above_driver_max_rows(spark, local_target):
+    sink = MVSink(local_target, "auto", driver_max_rows=50, max_rows_per_file=30)
+    small = spark.range(40).select("id", F.lit(1).cast("long").alias("v"))
+    sink(small, 0)
+    on_driver = sink(small.withColumn("v", F.lit(2).cast("long")), 1)
+    assert "collect" in on_driver.phases  # 40 rows held: the driver path
+    big = spark.range(100).select("id", F.lit(1).cast("long").alias("v"))
+    sink(big, 2)
+    spread = sink(big.withColumn("v", (F.col("id") % 2)), 3)
+    assert "collect" not in spread.phases  # 100 rows held: distributed
+    assert_equal_to(local_target, big.withColumn("v", (F.col("id") % 2)))
+
+
+def test_distributed_on_s3_with_explicit_storage_options(spark, s3_target, s3_options):
+    desired = spark.range(300).select("id", (F.col("id") % 3).alias("v"))
+    sink = MVSink(s3_target, "s3d", max_rows_per_file=40, placement="distributed", storage_options=s3_options)
+    sink(desired, 0)
+    changed = desired.withColumn("v", F.when(F.col("id") == 7, 99).otherwise(F.col("v")))
+    report = sink(changed, 1)
+    assert (report.inserted, report.retracted) == (1, 1)
+    got = pa.table(DeltaTable(s3_target, storage_options=s3_options).to_pyarrow_table())
+    assert sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True)) == sorted(
+        (r["id"], r["v"]) for r in changed.collect()
+    )
+    up = MVSink(
+        s3_target + "-up",
+        "s3u",
+        mode="upsert",
+        key=["id"],
+        max_rows_per_file=40,
+        placement="distributed",
+        storage_options=s3_options,
+    )
+    up(desired, 0)
+    up(spark.createDataFrame([(7, 50), (1000, 1)], "id long, v long"), 1)
+    got = pa.table(DeltaTable(s3_target + "-up", storage_options=s3_options).to_pyarrow_table())
+    held_rows = dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True))
+    assert len(held_rows) == got.num_rows == 301 and held_rows[7] == 50 and held_rows[1000] == 1
+
+
+def test_a_task_that_finds_a_file_shorter_than_the_log_says_fails_the_epoch(spark, local_target, placement):
+    sink = MVSink(local_target, "short", max_rows_per_file=10, placement=placement)
+    desired = spark.range(30).select("id", F.lit(0).alias("v"))
+    sink(desired, 0)
+    index, files = stored_index(local_target, "short")
+    # Replace a data file with fewer rows than its add action records, and drop its entry.
+    victim = files[0]
+    path = os.path.join(local_target, victim.key)
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, table.num_rows - 1), path)
+    os.remove(os.path.join(local_target, index.path(victim.key)))
+    before = DeltaTable(local_target).version()
+    fresh = MVSink(local_target, "short", max_rows_per_file=10, placement=placement)
+    with pytest.raises(Exception, match="rows but the Delta log says") as info:
+        fresh(desired.withColumn("v", F.lit(1)), 1)
+    assert "short" in str(info.value)
+    assert DeltaTable(local_target).version() == before
