@@ -110,7 +110,7 @@ class Complete:
                 persisted = persisted.persist(StorageLevel.MEMORY_AND_DISK)
                 self.attempt.append(persisted)
             with ctx.phase("diff"):
-                corr = correction(spark, desired, persisted, snap, layout)
+                corr = correction(spark, desired, persisted, snap, layout, ctx.opts.max_rows_per_file)
                 self.attempt.append(corr)
         except Exception as exc:
             raise_task_errors(exc, ctx.where)

@@ -124,7 +124,12 @@ class SparkCorrection:
 
 
 def correction(
-    spark: Any, desired: DataFrame, persisted: DataFrame, snap: Snapshot, layout: Layout
+    spark: Any,
+    desired: DataFrame,
+    persisted: DataFrame,
+    snap: Snapshot,
+    layout: Layout,
+    max_rows_per_file: int,
 ) -> SparkCorrection:
     """The correction of ``desired`` (``with_fingerprints``) against ``persisted``
     (``persisted_rows``). One Spark job settles the counts; the rest is lazy."""
@@ -167,6 +172,8 @@ def correction(
         .where(F.col(_RN) <= F.col(_D) - F.col(_P))
         .select(*[F.col(quote(c)) for c in layout.struct.names])
     )
+    # About a file's worth of rows per write task, not one small file per shuffle partition.
+    inserts = inserts.repartition(max(1, -(-inserted // max_rows_per_file)))
     if inserted < 0 or retracted < 0:
         raise InvariantViolation(f"a correction of {inserted} inserts and {retracted} retractions")
     return SparkCorrection(

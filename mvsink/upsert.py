@@ -30,7 +30,17 @@ import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DateType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from mvsink.context import EpochContext
 from mvsink.correction import I64
@@ -368,7 +378,11 @@ def _key_ranges(winners: DataFrame, snap: Snapshot, spec: UpsertSpec) -> DataFra
     key values (as the log writes them): the least and greatest value of each other key
     column per range (``prune.files_in_ranges``). The keys are range-partitioned by Spark, so
     each range holds neighbouring keys and a range rarely spans untouched files."""
-    part_keys = [k for k in spec.key if k in snap.partition_by]
+    # A partition key prunes only if Spark's string of it is the log's (not timestamps, not
+    # floats): otherwise it is left out, and files of every partition value are candidates.
+    types = {f.name: f.dataType for f in winners.schema.fields}
+    text = (StringType, IntegerType, LongType, ShortType, ByteType, DateType, BooleanType)
+    part_keys = [k for k in spec.key if k in snap.partition_by and isinstance(types[k], text)]
     others = [k for k in spec.key if k not in snap.partition_by]
     groups = [F.col(quote(k)).cast("string").alias(k) for k in part_keys]
     if not others:

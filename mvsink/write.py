@@ -471,7 +471,19 @@ def rewrite_frame(
     done = _written(table)
     sources = sorted({s for s, _ in done if s is not None})
     written = [w for _, w in done if w is not None]
-    return written, sum(w.file.num_records for w in written), tuple(rewrites.files[k] for k in sources)
+    kept = sum(w.file.num_records for w in written)
+    # The rows dropped must be the retractions counted when planning: the drops came from
+    # another Spark job, which a recomputed (nondeterministic) input could have changed.
+    replaced = tuple(rewrites.files[k] for k in sources)
+    if all(f.num_records is not None for f in replaced):
+        dropped = sum(f.num_records or 0 for f in replaced) - kept
+        if dropped != rewrites.retracted:
+            raise InvariantViolation(
+                f"rewrite tasks dropped {dropped} rows where the plan retracts {rewrites.retracted}; "
+                "was desired evaluated twice with different results (a nondeterministic query)?",
+                where,
+            )
+    return written, kept, replaced
 
 
 @dataclass(frozen=True)
