@@ -105,10 +105,9 @@ class Complete:
         ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
         spark = ctx.batch.sparkSession
         try:
-            with ctx.phase("index"):
-                persisted = persisted_rows(spark, snap, self.stored, layout)
-                persisted = persisted.persist(StorageLevel.MEMORY_AND_DISK)
-                self.attempt.append(persisted)
+            # Not cached: tasks read the stored entries again for the retractions, which costs
+            # less than caching every row (the files are immutable, so both reads agree).
+            persisted = persisted_rows(spark, snap, self.stored, layout)
             with ctx.phase("diff"):
                 corr = correction(spark, desired, persisted, snap, layout, ctx.opts.max_rows_per_file)
                 self.attempt.append(corr)

@@ -53,7 +53,9 @@ class EpochContext:
         the target holds at most ``driver_max_rows`` rows (``distributed.py`` above)."""
         if self.opts.placement != "auto":
             return self.opts.placement
-        held = sum(f.num_records or 0 for f in snap.files)
+        # A file without a row count (a foreign writer's, no statistics) counts a row per 8
+        # bytes: an unknown table is taken for a big one.
+        held = sum(f.num_records if f.num_records is not None else f.size // 8 for f in snap.files)
         return "distributed" if held > self.opts.driver_max_rows else "driver"
 
     def drain(self) -> None:

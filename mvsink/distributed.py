@@ -34,16 +34,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from mvsink.delta import Snapshot
-from mvsink.errors import InvariantViolation, MVSinkError
+from mvsink.errors import InvariantViolation
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.index import StoredIndex
-from mvsink.write import Layout, TaskRewrites, file_frame, task_error, task_file
+from mvsink.write import Layout, TaskRewrites, file_frame, in_task, task_file
 
 FILE_NO = "file_no"
 POS = "pos"
 _D = "__mvsink_d"
 _P = "__mvsink_p"
 _RN = "__mvsink_rn"
+BROADCAST_GROUPS = 500_000
+"""Up to this many changed fingerprint groups (32 bytes each) are broadcast to the joins."""
 _PERSISTED = StructType([StructField(n, LongType(), False) for n in (FILE_NO, POS, FP_A, FP_B)])
 _PERSISTED_ARROW = pa.schema([pa.field(n, pa.int64(), nullable=False) for n in _PERSISTED.names])
 
@@ -66,7 +68,8 @@ class _Fingerprinter:
         schema = self.layout.arrow
         for batch in batches:
             table = pa.Table.from_batches([batch])
-            a, b = fingerprints(table.select(schema.names).cast(schema))
+            with in_task("fingerprinting desired"):
+                a, b = fingerprints(table.select(schema.names).cast(schema))
             yield pa.RecordBatch.from_arrays(
                 [*batch.columns, pa.array(a), pa.array(b)], names=[*batch.schema.names, FP_A, FP_B]
             )
@@ -91,10 +94,9 @@ class _IndexReader:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
-                try:
-                    entry, _ = self.index.load(task_file(row), self.schema, self.partition_by)
-                except MVSinkError as exc:
-                    raise ValueError(task_error(exc)) from None
+                file = task_file(row)
+                with in_task(f"indexing {file.path}"):
+                    entry, _ = self.index.load(file, self.schema, self.partition_by)
                 n = len(entry)
                 yield pa.RecordBatch.from_arrays(
                     [
@@ -154,10 +156,13 @@ def correction(
     assert totals is not None
     inserted, retracted = int(totals["inserted"] or 0), int(totals["retracted"] or 0)
 
+    # Few changed groups (a steady view): broadcast them, so neither side is shuffled again.
+    changed = F.broadcast(groups) if inserted + retracted <= BROADCAST_GROUPS else groups
+
     # Retract the persisted copies beyond the earliest d, by file order then position.
     by_position = Window.partitionBy(*fp).orderBy(FILE_NO, POS)
     retract = (
-        persisted.join(groups.where(F.col(_P) > F.col(_D)), fp)
+        persisted.join(changed.where(F.col(_P) > F.col(_D)), fp)
         .withColumn(_RN, F.row_number().over(by_position))
         .where(F.col(_RN) > F.col(_D))
     )
@@ -167,7 +172,7 @@ def correction(
     # Insert d - p of the desired copies (equal rows: which copies does not matter).
     any_copy = Window.partitionBy(*fp).orderBy(FP_A)
     inserts = (
-        desired.join(groups.where(F.col(_D) > F.col(_P)), fp)
+        desired.join(changed.where(F.col(_D) > F.col(_P)), fp)
         .withColumn(_RN, F.row_number().over(any_copy))
         .where(F.col(_RN) <= F.col(_D) - F.col(_P))
         .select(*[F.col(quote(c)) for c in layout.struct.names])

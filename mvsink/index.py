@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
-from mvsink.errors import InvariantViolation, Where
+from mvsink.errors import InvariantViolation, StorageError, Where
 from mvsink.fingerprint import FINGERPRINT_VERSION, fingerprints
 from mvsink.storage import Store
 
@@ -203,6 +203,8 @@ class PersistedIndex:
                 return stored.load(f, schema, snap.partition_by)
             except InvariantViolation as exc:
                 raise InvariantViolation(exc.message, where) from None
+            except OSError as exc:
+                raise StorageError(f"cannot read data file {f.path} to index it: {exc}", where) from exc
 
         with ThreadPoolExecutor(_THREADS) as pool:
             loaded = list(pool.map(load, missing))

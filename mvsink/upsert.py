@@ -59,6 +59,7 @@ from mvsink.write import (
     Staged,
     TaskRewrites,
     file_frame,
+    in_task,
     raise_task_errors,
     task_file,
 )
@@ -407,11 +408,13 @@ class _KeyReader:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
-                rows = self.store.read(task_file(row), self.schema, self.partition_by)
+                file = task_file(row)
+                with in_task(f"reading {file.path}"):
+                    rows = self.store.read(file, self.schema, self.partition_by)
+                    a, b = fingerprints(rows)
                 n = rows.num_rows
                 if n == 0:
                     continue
-                a, b = fingerprints(rows)
                 address = [np.full(n, row["file_no"], dtype=np.int64), np.arange(n, dtype=np.int64), a, b]
                 held = rows.select(list(self.held)).columns
                 yield from pa.Table.from_arrays(
@@ -462,7 +465,8 @@ class _Decider:
                 FP_B: stored_rows.column(FP_B),
             }
         )
-        insert, drop_file, drop_pos = _decide(touched, stored if stored.num_rows else None, spec)
+        with in_task("deciding touched keys"):
+            insert, drop_file, drop_pos = _decide(touched, stored if stored.num_rows else None, spec)
         out = pa.schema(
             [*schema, pa.field(_KIND, pa.int32()), pa.field(FILE, pa.int64()), pa.field(POS, pa.int64())]
         )

@@ -13,6 +13,7 @@ attempt's files.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
@@ -29,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
-from mvsink.errors import InputError, InvariantViolation, MVSinkError, Where
+from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where
 from mvsink.fingerprint import fingerprints, quote
 from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import arrow_schema
@@ -45,14 +46,23 @@ _TASK_ERROR = "mvsink-task-error: "
 _TASK_ERRORS: dict[str, type[MVSinkError]] = {
     "InputError": InputError,
     "InvariantViolation": InvariantViolation,
+    "StorageError": StorageError,
 }
 
 
-def task_error(exc: MVSinkError) -> str:
-    """The text of the plain error a task raises in place of ``exc`` (``raise_task_errors``
-    turns it back on the driver)."""
-    kind = type(exc).__name__ if type(exc).__name__ in _TASK_ERRORS else "InvariantViolation"
-    return f"{_TASK_ERROR}{kind}: {exc.message}"
+@contextlib.contextmanager
+def in_task(what: str) -> Iterator[None]:
+    """Wraps the body of a Spark task: an mvsink error, or a storage error naming ``what``, is
+    raised as a marked plain error that ``raise_task_errors`` turns back on the driver (a task
+    cannot raise mvsink's errors through Spark)."""
+    try:
+        yield
+    except MVSinkError as exc:
+        kind = type(exc).__name__ if type(exc).__name__ in _TASK_ERRORS else "InvariantViolation"
+        raise ValueError(f"{_TASK_ERROR}{kind}: {exc.message}") from None
+    except OSError as exc:
+        text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:500]
+        raise ValueError(f"{_TASK_ERROR}StorageError: {what}: {text}") from None
 
 
 @dataclass(frozen=True)
@@ -334,7 +344,7 @@ def file_frame(spark: Any, files: Sequence[DataFile], numbers: Sequence[int] | N
     frame: DataFrame = spark.createDataFrame(table, FILE_COLUMNS)
     # Spread the files over tasks: a few files per task, at least one task per core.
     parallelism = max(2, int(spark.conf.get("spark.sql.shuffle.partitions", "2")))
-    slices = max(1, min(len(picked), max(parallelism * 4, len(picked) // 8)))
+    slices = max(1, min(len(picked), max(parallelism * 4, min(len(picked) // 8, parallelism * 64))))
     return frame.repartition(slices) if slices > 1 else frame
 
 
@@ -344,7 +354,7 @@ def task_file(row: dict[str, Any]) -> DataFile:
 
 
 def raise_task_errors(exc: Exception, where: Where) -> None:
-    """Raise the mvsink error a Spark task failed with (``task_error``), if it did."""
+    """Raise the mvsink error a Spark task failed with (``in_task``), if it did."""
     text = str(exc)
     if _TASK_ERROR in text:
         kind, _, message = text.split(_TASK_ERROR, 1)[1].splitlines()[0].partition(": ")
@@ -440,13 +450,11 @@ class _TaskWriter:
             yield self._flush(buffer)
 
     def _flush(self, buffer: list[pa.RecordBatch]) -> pa.RecordBatch:
-        rows = pa.Table.from_batches(buffer).cast(self.schema)
-        fps = fingerprints(rows) if self.index is not None else None
-        try:
+        with in_task(f"writing under {self.folder}"):
+            rows = pa.Table.from_batches(buffer).cast(self.schema)
+            fps = fingerprints(rows) if self.index is not None else None
             written = self.store.write(self.folder, rows, self.partition_by, self.max_rows_per_file, fps)
-        except MVSinkError as exc:
-            raise ValueError(task_error(exc)) from None
-        _put_entries(self.index, written)
+            _put_entries(self.index, written)
         return _report(written)
 
 
@@ -501,7 +509,7 @@ class _TaskRewriter:
         for batch in batches:
             for row in batch.to_pylist():
                 rewrite = Rewrite(task_file(row), None, np.asarray(row["drop"], dtype=np.int64))
-                try:
+                with in_task(f"rewriting {rewrite.file.path}"):
                     _, written = _write_kept(
                         self.store,
                         self.folder,
@@ -511,7 +519,5 @@ class _TaskRewriter:
                         Where(),
                         hash_kept=self.index is not None,
                     )
-                except MVSinkError as exc:
-                    raise ValueError(task_error(exc)) from None
-                _put_entries(self.index, written)
+                    _put_entries(self.index, written)
                 yield _report(written, row["file_no"])

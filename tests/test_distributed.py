@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from mvsink import MVSink
 from mvsink.delta import load_snapshot
-from mvsink.errors import Where
+from mvsink.errors import StorageError, Where
 from mvsink.index import HIDDEN, StoredIndex
 from mvsink.schema import arrow_schema, target_struct
 from tests.helpers import assert_equal_to, live_files, target_table
@@ -197,4 +197,19 @@ def test_a_task_that_finds_a_file_shorter_than_the_log_says_fails_the_epoch(spar
     with pytest.raises(Exception, match="rows but the Delta log says") as info:
         fresh(desired.withColumn("v", F.lit(1)), 1)
     assert "short" in str(info.value)
+    assert DeltaTable(local_target).version() == before
+
+
+def test_a_data_file_gone_from_storage_is_a_storage_error_naming_it(spark, local_target, placement):
+    sink = MVSink(local_target, "gone", max_rows_per_file=10, placement=placement)
+    desired = spark.range(30).select("id", F.lit(0).cast("long").alias("v"))
+    sink(desired, 0)
+    index, files = stored_index(local_target, "gone")
+    os.remove(os.path.join(local_target, files[0].key))  # e.g. a vacuum with a short retention
+    os.remove(os.path.join(local_target, index.path(files[0].key)))
+    before = DeltaTable(local_target).version()
+    fresh = MVSink(local_target, "gone", max_rows_per_file=10, placement=placement)
+    with pytest.raises(StorageError, match=files[0].key.rsplit("/", 1)[-1]) as info:
+        fresh(desired.withColumn("v", F.lit(1).cast("long")), 1)
+    assert info.value.view == "gone" and info.value.epoch == 1
     assert DeltaTable(local_target).version() == before
