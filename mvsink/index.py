@@ -99,7 +99,7 @@ class StoredIndex:
         if data is None:
             return None
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            table = pq.read_table(pa.BufferReader(data), use_threads=False)  # small: threads cost more
             meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
             a = table.column("a").to_numpy().astype(np.int64, copy=False)
             b = table.column("b").to_numpy().astype(np.int64, copy=False)
