@@ -272,10 +272,11 @@ class Upsert:
             .agg(F.array_sort(F.collect_list(POS)).alias("drop"))
             .join(file_frame(spark, snap.files, numbers), "file_no")
         )
+        # About a file's worth of rows per write task.
+        tasks = max(1, -(-inserted // ctx.opts.max_rows_per_file))
+        inserts = decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
         return Plan(
-            decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
-            if inserted
-            else None,
+            inserts.repartition(tasks) if inserted else None,
             inserted,
             TaskRewrites(drops, snap.files, retracted) if retracted else (),
         )
