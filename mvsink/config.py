@@ -68,6 +68,19 @@ class SinkOptions(_Frozen):
     partitioned and an existing one keeps its partitioning; given, it must match the target's."""
     as_of: int = Field(0, ge=0)
     """Epochs below this produce nothing; the first epoch at or above it is written whole."""
+    lineage: str | None = None
+    """The lineage of this sink's epochs (``lineage.py``). Default: the streaming query's id
+    under ``foreachBatch`` (from Spark; under Spark Connect from ``checkpoint``), else
+    ``"direct"``. Epoch numbers are compared only within one lineage."""
+    checkpoint: str | None = None
+    """The query's checkpoint location: under Spark Connect, where the query id is read from."""
+    on_new_lineage: Literal["adopt", "fail"] | None = None
+    """What epochs of a lineage never seen do to a view another lineage owns: ``adopt`` (take
+    it over from their first epoch; the old lineage is fenced) or ``fail`` (``LineageError``).
+    Default: ``adopt`` in complete mode (a batch is the whole view), ``fail`` otherwise."""
+    allow_gaps: bool = False
+    """Upsert and append mode: commit an epoch although epochs between the frontier and it
+    were never written (their rows are then missing). By default that is a ``LineageError``."""
     read_only: bool = False
     """Compute and report corrections but never commit (a standby replica)."""
     max_rows_per_file: int = Field(50_000, ge=1)
@@ -144,6 +157,11 @@ class SinkOptions(_Frozen):
         if self.partition_by is not None and len(set(self.partition_by)) != len(self.partition_by):
             raise ValueError(f"option 'partition_by': names a column twice: {list(self.partition_by)}")
         return self
+
+    @property
+    def new_lineage_policy(self) -> str:
+        """``on_new_lineage``, or its default for the mode."""
+        return self.on_new_lineage or ("adopt" if self.mode == "complete" else "fail")
 
     @property
     def app_id(self) -> str:

@@ -139,6 +139,13 @@ class Snapshot:
     def exists(self) -> bool:
         return self.version is not None
 
+    def transaction(self, app_id: str) -> int | None:
+        """The version the app transaction ``app_id`` records in this snapshot, or None."""
+        if self._table is None:
+            return None
+        found = self._table.transaction_version(app_id)
+        return None if found is None else int(found)
+
 
 def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], where: Where) -> Snapshot:
     """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep."""
@@ -245,6 +252,7 @@ def compare_and_append(
     schema_json: str,
     partition_by: Sequence[str],
     where: Where,
+    transactions: Mapping[str, int] | None = None,
     _after_call: Callable[[], None] | None = None,
 ) -> int:
     """Commit ``adds``, ``removes`` and the frontier ``upper`` as one Delta version.
@@ -269,7 +277,10 @@ def compare_and_append(
     props = CommitProperties(
         custom_metadata={**metadata, ATTEMPT_KEY: attempt_id},
         max_commit_retries=0,
-        app_transactions=[Transaction(app_id, upper, now)],
+        app_transactions=[
+            Transaction(app_id, upper, now),
+            *(Transaction(k, v, now) for k, v in (transactions or {}).items()),
+        ],
     )
     remove_actions = [
         RemoveAction(

@@ -74,6 +74,11 @@ class InputError(MVSinkError, ValueError):
     """The micro-batch cannot be stored as given; the target is left unchanged."""
 
 
+class LineageError(MVSinkError):
+    """An epoch cannot be placed in the view's history: a new lineage (checkpoint, query) where
+    it would lose or double batches, or a gap in epochs. Nothing was written."""
+
+
 class SchemaMismatchError(InputError):
     """Desired's schema differs from the target's; ``columns`` names the differing columns."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Outcome = Literal["committed", "replay", "before_as_of", "read_only"]
+Outcome = Literal["committed", "replay", "before_as_of", "read_only", "fenced"]
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,12 @@ from mvsink.errors import (
     ConflictError,
     InputError,
     InvariantViolation,
+    LineageError,
     RetriesExhaustedError,
     Where,
 )
 from mvsink.index import PersistedIndex
+from mvsink.lineage import Lineage, lineage_of
 from mvsink.mint import BatchDescription, mint
 from mvsink.report import EpochReport
 from mvsink.schema import (
@@ -191,6 +193,7 @@ class _Epoch:
         self.where = Where(self.opts.name, self.opts.target, epoch)
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
+        self.lineage = lineage_of(desired, self.opts)
         self.ctx = EpochContext(desired, self.opts, self.where, sink.store)
         self.mode: Mode
         if self.opts.mode == "complete":
@@ -222,13 +225,29 @@ class _Epoch:
             with ctx.phase("snapshot"):
                 snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
             layout = self._layout(snap)
+            lineage = Lineage.read(snap, opts.app_id, self.lineage)
             desc = mint(
-                self.epoch, snap.frontier, as_of=opts.as_of, read_only=self.sink.read_only, where=self.where
+                self.epoch,
+                snap.frontier,
+                lineage,
+                as_of=opts.as_of,
+                read_only=self.sink.read_only,
+                adopt=opts.new_lineage_policy == "adopt",
+                mode=opts.mode,
+                where=self.where,
             )
-            if desc in ("replay", "before_as_of"):
+            if desc in ("replay", "before_as_of", "fenced"):
+                if desc == "fenced":
+                    log.warning(
+                        "%s: lineage %s was superseded by another that took the view over; this "
+                        "epoch writes nothing (stop this job, or restart it with a new checkpoint "
+                        "to take the view back)",
+                        self.where,
+                        self.lineage,
+                    )
                 ctx.drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
-            self._warn_on_gap(desc)
+            self._check_gap(desc)
             plan = self.mode.plan(snap, layout)
             if not isinstance(desc, BatchDescription):
                 ctx.drain()  # append mode plans without running the batch
@@ -263,10 +282,11 @@ class _Epoch:
                         app_id=opts.app_id,
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,
-                        metadata=self._metadata(desc, staged),
+                        metadata=self._metadata(desc, staged, lineage),
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
+                        transactions=lineage.transactions(desc.upper),
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
@@ -309,20 +329,22 @@ class _Epoch:
     def _discard(self, staged: Staged, plan: Plan) -> None:
         discard(staged, self.ctx.store, plan.index)
 
-    def _warn_on_gap(self, desc: BatchDescription | str) -> None:
-        """Only a complete batch repairs everything: in upsert or append mode, say so when
-        epochs between the frontier and this one were never written by anyone."""
-        if self.opts.mode == "complete" or not isinstance(desc, BatchDescription) or desc.lower is None:
+    def _check_gap(self, desc: BatchDescription | str) -> None:
+        """Only a complete batch repairs everything: in upsert or append mode, epochs of this
+        lineage between the frontier and this one that were never written would be missing
+        rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning)."""
+        if self.opts.mode == "complete" or not isinstance(desc, BatchDescription):
             return
-        if desc.upper > desc.lower + 1:
-            log.warning(
-                "%s: epochs %d..%d were never committed to the target; in %s mode their rows are "
-                "not in it (was the table restored, or the checkpoint replaced?)",
-                self.where,
-                desc.lower,
-                desc.upper - 2,
-                self.opts.mode,
-            )
+        if desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
+            return
+        message = (
+            f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
+            f"{self.opts.mode} mode their rows would be missing (was the table restored, a "
+            "standby promoted late, or the checkpoint replaced?)"
+        )
+        if not self.opts.allow_gaps:
+            raise LineageError(message + ". Nothing was written; set allow_gaps=True to go on.", self.where)
+        log.warning("%s: %s", self.where, message)
 
     def _layout(self, snap: Snapshot) -> Layout:
         """The target's schema and partition columns: the table's, or those it will get."""
@@ -340,8 +362,11 @@ class _Epoch:
             )
         return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
 
-    def _metadata(self, desc: BatchDescription, staged: Staged) -> dict[str, str]:
+    def _metadata(self, desc: BatchDescription, staged: Staged, lineage: Lineage) -> dict[str, str]:
+        taken = {"mvsink.takeover": str((lineage.owner or 0) + 1)} if desc.takeover else {}
         return {
+            **taken,
+            "mvsink.lineage": lineage.name,
             "mvsink.view": self.opts.name,
             "mvsink.epoch": str(self.epoch),
             "mvsink.lower": "" if desc.lower is None else str(desc.lower),

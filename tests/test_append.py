@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mvsink import MVSink, frontier
+import pytest
+
+from mvsink import LineageError, MVSink, frontier
 from tests.helpers import multiset, once, target_table, versions
 
 SCHEMA = "id long, v string"
@@ -35,10 +37,15 @@ def test_a_replica_writing_the_same_epoch_adds_nothing(spark, target):
     assert multiset(target_table(target)) == Counter([(0, "x"), (1, "y"), (2, "z")])
 
 
-def test_a_gap_in_epochs_is_logged(spark, target, caplog):
+def test_a_gap_in_epochs_is_refused_unless_allowed(spark, target, caplog):
     sink = MVSink(target, "gap", mode="append")
     sink(spark.createDataFrame([(1, "a")], SCHEMA), 0)
-    with caplog.at_level("WARNING", logger="mvsink.sink"):
+    before = versions(target)
+    with pytest.raises(LineageError, match=r"epochs 1\.\.2 were never committed") as info:
         sink(spark.createDataFrame([(2, "b")], SCHEMA), 3)
+    assert info.value.epoch == 3 and versions(target) == before
+    lenient = MVSink(target, "gap", mode="append", allow_gaps=True)
+    with caplog.at_level("WARNING", logger="mvsink.sink"):
+        lenient(spark.createDataFrame([(2, "b")], SCHEMA), 3)
     assert "epochs 1..2 were never committed" in caplog.text
     assert frontier(target, "gap") == 4

@@ -73,3 +73,23 @@ def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, t
     assert_equal_to(target, expected(connect, source))
     assert frontier(target, "revenue") > first
     assert os.path.isdir(ckpt)
+
+
+def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path, target):
+    import json
+
+    from tests.helpers import commit_info
+    from tests.test_lineage import run
+
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5), ("p2", 7)])
+    write_orders(source, "b", [("p1", 1)])
+    old_ckpt, new_ckpt = str(tmp_path / "old"), str(tmp_path / "new")
+    assert run(connect, source, old_ckpt, MVSink(target, "revenue", checkpoint=old_ckpt)) is None
+    write_orders(source, "c", [("p3", 4)])
+    assert run(connect, source, new_ckpt, MVSink(target, "revenue", checkpoint=new_ckpt)) is None
+    assert_equal_to(target, expected(connect, source))  # taken over, not skipped as a replay
+    with open(os.path.join(new_ckpt, "metadata")) as fh:
+        query = json.load(fh)["id"]
+    last = versions(target)[-1]
+    assert commit_info(target, last)["mvsink.lineage"] == f"query:{query}"

@@ -207,6 +207,7 @@ def test_public_api_is_pinned():
         "EpochReport",
         "InputError",
         "InvariantViolation",
+        "LineageError",
         "MVSink",
         "MVSinkError",
         "RetriesExhaustedError",

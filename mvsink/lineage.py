@@ -1,0 +1,143 @@
+"""Lineage: which run of a query an epoch belongs to, and which lineage owns the view.
+
+An epoch number means something only within one lineage: one streaming query's checkpoint
+(Spark's query id, stable across restarts from it and new for a new checkpoint), or, for
+direct calls ``sink(df, epoch)``, the ``lineage`` option (``"direct"`` by default).
+
+The target records, as Delta app transactions (cheap, kept in every snapshot and checkpoint):
+
+* ``mvsink:<view>``: the frontier, as before (the upper of the last commit, any lineage);
+* ``mvsink:<view>#owner``: the generation of the lineage that owns the view;
+* ``mvsink:<view>#gen@<L>``: the generation lineage ``L`` took the view at;
+* ``mvsink:<view>@<L>``: the upper of ``L``'s last commit (its own frontier).
+
+(``<L>`` is a digest of the lineage id.) A lineage owns the view while its generation is the
+owner's. Then:
+
+* the owner mints as always, against its own frontier (a replay is a replay);
+* a lineage that owned the view once and was superseded is **fenced**: its epochs write
+  nothing, whatever their numbers, so an old job left running can never move the view back;
+* a lineage never seen is **new**: it takes the view over (``on_new_lineage = "adopt"``: the
+  next generation, recorded in the same commit as its first epoch, with a WARNING), or is
+  refused with a ``LineageError`` (``"fail"``). Its epochs are never taken for replays of
+  another lineage's.
+
+A target written before lineages were recorded has no owner: its first lineage-recording commit
+claims generation 1 and continues from the frontier (the old behaviour, with a WARNING if the
+epoch is below it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mvsink.errors import LineageError, Where
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from mvsink.config import SinkOptions
+    from mvsink.delta import Snapshot
+
+log = logging.getLogger(__name__)
+
+DIRECT = "direct"
+"""The lineage of direct calls when the ``lineage`` option is not given."""
+_QUERY_ID = "sql.streaming.queryId"  # the local property Spark sets while a query runs a batch
+
+
+def lineage_of(batch: DataFrame, opts: SinkOptions) -> str:
+    """The lineage of an epoch: the ``lineage`` option; else the streaming query running the
+    batch (its id from Spark, or from the ``checkpoint`` option's metadata under Spark Connect,
+    where the driver's properties are out of reach); else ``"direct"``."""
+    if opts.lineage:
+        return opts.lineage
+    try:
+        query = batch.sparkSession.sparkContext.getLocalProperty(_QUERY_ID)
+    except Exception:  # a Spark Connect session has no SparkContext
+        query = None
+    if not query and opts.checkpoint:
+        query = _checkpoint_query_id(opts.checkpoint)
+    return f"query:{query}" if query else DIRECT
+
+
+def _checkpoint_query_id(checkpoint: str) -> str | None:
+    """The query id a streaming checkpoint records (``<checkpoint>/metadata``), if any."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(checkpoint if "://" in checkpoint else f"file://{checkpoint}")
+        with fs.open_input_stream(f"{path.rstrip('/')}/metadata") as fh:
+            return str(json.loads(fh.read().decode())["id"])
+    except Exception as exc:
+        log.warning("cannot read the query id from checkpoint %s: %s", checkpoint, exc)
+        return None
+
+
+def _digest(lineage: str) -> str:
+    return hashlib.sha256(lineage.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """One lineage's standing in a snapshot of the target."""
+
+    name: str
+    app_id: str
+    owner: int | None
+    """The owning generation (None: no lineage ever recorded)."""
+    generation: int | None
+    """This lineage's generation (None: never owned the view)."""
+    frontier: int | None
+    """The upper of this lineage's last commit."""
+
+    @staticmethod
+    def read(snap: Snapshot, app_id: str, name: str) -> Lineage:
+        d = _digest(name)
+        return Lineage(
+            name,
+            app_id,
+            snap.transaction(f"{app_id}#owner"),
+            snap.transaction(f"{app_id}#gen@{d}"),
+            snap.transaction(f"{app_id}@{d}"),
+        )
+
+    @property
+    def owns(self) -> bool:
+        return self.owner is not None and self.generation == self.owner
+
+    @property
+    def fenced(self) -> bool:
+        """Owned the view once, and another lineage took it since."""
+        return self.owner is not None and self.generation is not None and self.generation != self.owner
+
+    @property
+    def new(self) -> bool:
+        """Never owned a view that some lineage owns."""
+        return self.owner is not None and self.generation is None
+
+    def transactions(self, upper: int) -> dict[str, int]:
+        """The app transactions a commit of this lineage at ``upper`` records (besides the
+        frontier): its own frontier, and, unless it owns the view, the next generation."""
+        d = _digest(self.name)
+        out = {f"{self.app_id}@{d}": upper}
+        if not self.owns:
+            generation = (self.owner or 0) + 1
+            out[f"{self.app_id}#owner"] = generation
+            out[f"{self.app_id}#gen@{d}"] = generation
+        return out
+
+    def refuse_new(self, mode: str, where: Where) -> None:
+        raise LineageError(
+            f"epochs of a new lineage ({self.name}) arrive at a view another lineage owns: a new "
+            "or moved checkpoint, a redeploy, or a second query. In "
+            f"{mode} mode the batches the old lineage wrote and this one did not would be lost "
+            "or doubled, so nothing was written. To take the view over from this lineage's "
+            "first epoch, set on_new_lineage='adopt'; to resume the old lineage, restart from "
+            "its checkpoint (or pass its lineage).",
+            where,
+        )

@@ -1,0 +1,109 @@
+"""Lineage: epochs compare only within one query's run; a new one takes the view over or is
+refused, and a superseded one is fenced (``lineage.py``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from pyspark.sql import functions as F
+
+from mvsink import LineageError, MVSink, frontier
+from tests.helpers import assert_equal_to, commit_info, multiset, target_table, versions
+from tests.test_streaming import expected, write_orders
+
+SCHEMA = "product string, amount long"
+
+
+def run(spark, source, ckpt, sink, *, complete=True):
+    """One availableNow run of a query over ``source`` into ``sink``, a file per batch; returns
+    the query's exception, if any."""
+    orders = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).csv(source)
+    if complete:
+        view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+        writer = view.writeStream.outputMode("complete")
+    else:
+        writer = orders.writeStream.outputMode("append")
+    query = writer.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    try:
+        query.awaitTermination(300)
+    except Exception as exc:  # the query failed: what its sink raised is in the message
+        return exc
+    return query.exception()
+
+
+def test_a_new_checkpoint_takes_a_complete_view_over_and_fences_the_old_one(spark, tmp_path, target):
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5), ("p2", 7)])
+    write_orders(source, "b", [("p1", 1)])
+    old = MVSink(target, "revenue")
+    assert run(spark, source, str(tmp_path / "old"), old) is None
+    assert frontier(target, "revenue") == 2  # two batches
+    write_orders(source, "c", [("p3", 4)])
+    new = MVSink(target, "revenue")
+    assert run(spark, source, str(tmp_path / "new"), new) is None  # batch ids from 0 again
+    assert next(r.outcome for r in new.reports) == "committed"  # not taken for a replay
+    assert_equal_to(target, expected(spark, source))
+    taken = [v for v in versions(target) if "mvsink.takeover" in commit_info(target, v)]
+    assert len(taken) == 1 and commit_info(target, taken[0])["mvsink.lineage"].startswith("query:")
+
+    # The old job, restarted from its checkpoint with new data, writes nothing.
+    write_orders(source, "d", [("p4", 9)])
+    before = versions(target)
+    again = MVSink(target, "revenue")
+    assert run(spark, source, str(tmp_path / "old"), again) is None
+    assert [r.outcome for r in again.reports] == ["fenced"] * len(again.reports) and again.reports
+    assert versions(target) == before
+
+
+def test_a_new_checkpoint_in_append_mode_is_refused_or_adopted_from_its_first_batch(spark, tmp_path, target):
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+    write_orders(source, "b", [("p2", 7)])
+    assert (
+        run(spark, source, str(tmp_path / "one"), MVSink(target, "log", mode="append"), complete=False)
+        is None
+    )
+    before = versions(target)
+    held = multiset(target_table(target))
+
+    error = run(spark, source, str(tmp_path / "two"), MVSink(target, "log", mode="append"), complete=False)
+    assert error is not None and "LineageError" in str(error) and "on_new_lineage" in str(error)
+    assert versions(target) == before and multiset(target_table(target)) == held
+
+    adopt = MVSink(target, "log", mode="append", on_new_lineage="adopt")
+    assert run(spark, source, str(tmp_path / "three"), adopt, complete=False) is None
+    # Every batch of the new query appended once, from its first: the rows are there twice.
+    assert multiset(target_table(target)) == Counter({k: 2 * n for k, n in held.items()})
+
+
+def test_direct_lineages_take_over_and_are_fenced(spark, target):
+    rows = [(1, "a"), (2, "b")]
+    df = spark.createDataFrame(rows, "id long, v string")
+    blue = MVSink(target, "v", lineage="blue")
+    for epoch in range(5):
+        blue(df, epoch)
+    green = MVSink(target, "v", lineage="green")
+    other = spark.createDataFrame([(3, "c")], "id long, v string")
+    report = green(other, 0)
+    assert report.outcome == "committed" and frontier(target, "v") == 1
+    assert_equal_to(target, other)
+    assert green(other, 0).outcome == "replay"  # its own replay
+    assert blue(df, 9).outcome == "fenced"  # even far ahead of green's epochs
+    assert_equal_to(target, other)
+
+    up = MVSink(target + "-up", "u", mode="upsert", key=["id"], lineage="blue")
+    up(df, 0)
+    with pytest.raises(LineageError, match="new lineage") as info:
+        MVSink(target + "-up", "u", mode="upsert", key=["id"], lineage="green")(other, 0)
+    assert info.value.view == "u" and info.value.epoch == 0
+    assert multiset(target_table(target + "-up")) == multiset(df.toArrow())
+
+
+def test_a_read_only_new_lineage_commits_nothing(spark, target):
+    df = spark.createDataFrame([(1, "a")], "id long, v string")
+    MVSink(target, "v", lineage="blue")(df, 0)
+    before = versions(target)
+    standby = MVSink(target, "v", lineage="green", read_only=True)
+    assert standby(df, 0).outcome == "read_only"
+    assert versions(target) == before
