@@ -16,7 +16,7 @@ from mvsink.errors import (
     UnsupportedTableError,
 )
 from mvsink.report import EpochReport
-from mvsink.sink import MVSink, frontier
+from mvsink.sink import MVSink, frontier, promote
 
 __version__ = "0.1.0"
 
@@ -39,4 +39,5 @@ __all__ = [
     "UnsupportedTableError",
     "__version__",
     "frontier",
+    "promote",
 ]

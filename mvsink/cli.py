@@ -2,6 +2,8 @@
 
 mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the demo)
 mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
+mvsink promote TARGET --name NAME --writer WRITER
+                               make WRITER the active writer of view NAME (fences the others)
 """
 
 from __future__ import annotations
@@ -25,8 +27,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
     fr.add_argument("target")
     fr.add_argument("name")
+    pr = sub.add_parser("promote", help="make a writer the view's active writer")
+    pr.add_argument("target")
+    pr.add_argument("--name", required=True, help="the view")
+    pr.add_argument("--writer", required=True, help="the writer option of the sink to promote")
+    pr.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.command == "promote":
+            from mvsink.sink import promote
+
+            options = dict(o.split("=", 1) for o in args.storage_option)
+            version = promote(args.target, args.name, args.writer, options)
+            print(f"{args.writer} is the active writer of {args.name} as of version {version}")
+            return 0
         if args.command == "frontier":
             from mvsink.sink import frontier
 

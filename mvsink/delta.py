@@ -246,7 +246,7 @@ def compare_and_append(
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
     app_id: str,
-    upper: int,
+    upper: int | None,
     attempt_id: str,
     metadata: Mapping[str, str],
     schema_json: str,
@@ -255,7 +255,8 @@ def compare_and_append(
     transactions: Mapping[str, int] | None = None,
     _after_call: Callable[[], None] | None = None,
 ) -> int:
-    """Commit ``adds``, ``removes`` and the frontier ``upper`` as one Delta version.
+    """Commit ``adds``, ``removes`` and the frontier ``upper`` (None: left as it is) as one
+    Delta version.
 
     Strict: it lands only if no commit at all landed since ``snap`` (delta-rs retries are
     off, because its rebase turns our removes of concurrently compacted files into silent
@@ -278,7 +279,7 @@ def compare_and_append(
         custom_metadata={**metadata, ATTEMPT_KEY: attempt_id},
         max_commit_retries=0,
         app_transactions=[
-            Transaction(app_id, upper, now),
+            *([Transaction(app_id, upper, now)] if upper is not None else []),
             *(Transaction(k, v, now) for k, v in (transactions or {}).items()),
         ],
     )

@@ -22,6 +22,12 @@ owner's. Then:
   refused with a ``LineageError`` (``"fail"``). Its epochs are never taken for replays of
   another lineage's.
 
+Independently of lineages, the target may name the **active writer** (``promote``): a
+promotion records ``mvsink:<view>#active`` = n and ``mvsink:<view>#writer@<W>`` = n in one
+strict commit, so of two promotions at once exactly one lands. Once any promotion exists, only
+the writer promoted last commits (even if started ``read_only``); every other sink of the view
+reports ``"fenced"``. With no promotion ever recorded, every replica writes (active-active).
+
 A target written before lineages were recorded has no owner: its first lineage-recording commit
 claims generation 1 and continues from the frontier (the old behaviour, with a WARNING if the
 epoch is below it).
@@ -141,3 +147,36 @@ class Lineage:
             "its checkpoint (or pass its lineage).",
             where,
         )
+
+
+@dataclass(frozen=True)
+class Writers:
+    """Which writer the target names active for a view (``promote``), as ``writer`` sees it."""
+
+    app_id: str
+    writer: str | None
+    active: int | None
+    """The number of the last promotion (None: never promoted: every replica writes)."""
+    mine: int | None
+    """The promotion that made ``writer`` active, if any."""
+
+    @staticmethod
+    def read(snap: Snapshot, app_id: str, writer: str | None) -> Writers:
+        mine = None if writer is None else snap.transaction(f"{app_id}#writer@{_digest(writer)}")
+        return Writers(app_id, writer, snap.transaction(f"{app_id}#active"), mine)
+
+    @property
+    def is_active(self) -> bool:
+        """``writer`` is the one promoted last."""
+        return self.active is not None and self.mine == self.active
+
+    @property
+    def may_write(self) -> bool:
+        return self.active is None or self.is_active
+
+    def promotion(self) -> dict[str, int]:
+        """The app transactions that make ``writer`` the active writer."""
+        if self.writer is None:
+            raise ValueError("a promotion needs a writer name")
+        n = (self.active or 0) + 1
+        return {f"{self.app_id}#active": n, f"{self.app_id}#writer@{_digest(self.writer)}": n}

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame
@@ -65,7 +65,7 @@ from mvsink.errors import (
     Where,
 )
 from mvsink.index import PersistedIndex
-from mvsink.lineage import Lineage, lineage_of
+from mvsink.lineage import Lineage, Writers, lineage_of
 from mvsink.mint import BatchDescription, mint
 from mvsink.report import EpochReport
 from mvsink.schema import (
@@ -157,11 +157,18 @@ class MVSink:
         return self._read_only
 
     def promote(self) -> None:
-        """Start committing from the next epoch on (a read-only standby taking over).
-
-        Safe while another replica still writes: every commit is conditional on the frontier.
-        """
+        """Make this sink's ``writer`` the view's active writer, recorded in the target
+        (``promote``), and start committing from the next epoch on. Every other writer of the
+        view is fenced from then on. Needs the ``writer`` option (a name stable across
+        restarts) and an existing table."""
+        if self.options.writer is None:
+            raise ConfigError(
+                "promote() needs the 'writer' option: a name for this writer that stays the same "
+                "across restarts",
+                Where(self.name, self.target),
+            )
         with self._lock:
+            promote(self.target, self.name, self.options.writer, self.options.storage_options)
             self._read_only = False
 
     def frontier(self) -> int | None:
@@ -226,16 +233,27 @@ class _Epoch:
                 snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
             layout = self._layout(snap)
             lineage = Lineage.read(snap, opts.app_id, self.lineage)
+            writers = Writers.read(snap, opts.app_id, opts.writer)
             desc = mint(
                 self.epoch,
                 snap.frontier,
                 lineage,
                 as_of=opts.as_of,
-                read_only=self.sink.read_only,
+                # A standby the target names active writes from its next epoch.
+                read_only=self.sink.read_only and not writers.is_active,
                 adopt=opts.new_lineage_policy == "adopt",
                 mode=opts.mode,
                 where=self.where,
             )
+            if isinstance(desc, BatchDescription) and not writers.may_write:
+                log.warning(
+                    "%s: writer %s is not the view's active writer (another was promoted); this "
+                    "epoch writes nothing",
+                    self.where,
+                    opts.writer,
+                )
+                ctx.drain()
+                return self._report("fenced", snap.frontier, None, None, attempt)
             if desc in ("replay", "before_as_of", "fenced"):
                 if desc == "fenced":
                     log.warning(
@@ -407,6 +425,40 @@ class _Epoch:
             attempts=attempts,
             seconds=time.monotonic() - self.started,
         )
+
+
+def promote(target: str, name: str, writer: str, storage_options: Mapping[str, str] | None = None) -> int:
+    """Record in the target that ``writer`` is view ``name``'s active writer; returns the
+    version that says so. One strict commit: of two promotions at once exactly one lands, the
+    other raises ``ConflictError`` (promote again if it should still win)."""
+    options = SinkOptions.build(
+        target=target, name=name, writer=writer, storage_options=dict(storage_options or {})
+    )
+    where = Where(name, target)
+    snap = load_snapshot(target, options.app_id, options.storage_options, where)
+    return promote_on(snap, options, where)
+
+
+def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
+    """``promote`` against a given snapshot (the commit lands only on top of it)."""
+    if not snap.exists or snap.schema_json is None:
+        raise ConfigError("there is no Delta table at the target yet: start a writer first", where)
+    writers = Writers.read(snap, options.app_id, options.writer)
+    version = compare_and_append(
+        snap,
+        adds=(),
+        removes=(),
+        app_id=options.app_id,
+        upper=None,
+        attempt_id=uuid.uuid4().hex,
+        metadata={"mvsink.view": options.name, "mvsink.promoted": str(options.writer)},
+        schema_json=snap.schema_json,
+        partition_by=snap.partition_by,
+        where=where,
+        transactions=writers.promotion(),
+    )
+    log.warning("%s: writer %s promoted to active writer in version %d", where, options.writer, version)
+    return version
 
 
 def frontier(target: str, name: str, storage_options: dict[str, str] | None = None) -> int | None:

@@ -136,6 +136,9 @@ def test_each_commit_names_its_attempt_and_dates_the_frontier(spark, target):
     attempts = {commit_info(target, v)["mvsink.attempt"] for v in versions(target)}
     assert len(attempts) == 2 and all(len(a) >= 16 for a in attempts)
     txns = [a["txn"] for v in versions(target) for a in log_entry(target, v) if "txn" in a]
-    assert [t["version"] for t in txns] == [1, 2]
+    frontiers = [t for t in txns if t["appId"] == "mvsink:dated"]
+    assert [t["version"] for t in frontiers] == [1, 2]
+    # The first commit also claims the view for its lineage (lineage.py).
+    assert {t["appId"] for t in txns} >= {"mvsink:dated#owner"}
     assert all(isinstance(t.get("lastUpdated"), int) and t["lastUpdated"] > 0 for t in txns)
     assert target_table(target).num_rows == 4

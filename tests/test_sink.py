@@ -177,7 +177,7 @@ def test_epochs_before_as_of_produce_nothing_then_the_frontier_jumps(spark, targ
 
 def test_read_only_sink_reports_the_correction_and_commits_nothing(spark, target, placement):
     MVSink(target, "ro", placement=placement)(people(spark, range(10)), 0)
-    standby = MVSink(target, "ro", read_only=True, placement=placement)
+    standby = MVSink(target, "ro", read_only=True, placement=placement, writer="green")
     report = standby(people(spark, range(5, 12)), 1)
     assert report.outcome == "read_only"
     assert (report.inserted, report.retracted) == (2, 5)
@@ -218,6 +218,7 @@ def test_public_api_is_pinned():
         "UnsupportedTableError",
         "__version__",
         "frontier",
+        "promote",
     }
 
 
