@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -72,6 +73,10 @@ class SinkOptions(_Frozen):
     """The lineage of this sink's epochs (``lineage.py``). Default: the streaming query's id
     under ``foreachBatch`` (from Spark; under Spark Connect from ``checkpoint``), else
     ``"direct"``. Epoch numbers are compared only within one lineage."""
+    clock: Literal["batch_id", "source_offsets"] | Callable[[Any, int], Any] = "batch_id"
+    """What an epoch's time is (``clock.py``): Spark's batch id (one lineage), the batch's end
+    source offsets read from ``checkpoint`` (replicas with their own checkpoints share it), or a
+    callable ``(batch_df, batch_id) -> int | dict``. Not in append mode."""
     checkpoint: str | None = None
     """The query's checkpoint location: under Spark Connect, where the query id is read from."""
     on_new_lineage: Literal["adopt", "fail"] | None = None
@@ -154,6 +159,13 @@ class SinkOptions(_Frozen):
             for option in ("key", "delete_column", "sequence_column"):
                 if getattr(self, option):
                     raise ValueError(f"option {option!r}: only upsert mode takes it (mode is {self.mode!r})")
+        if self.clock != "batch_id" and self.mode == "append":
+            raise ValueError(
+                "option 'clock': append mode needs the batch_id clock (one writer): batches of "
+                "replicas with their own checkpoints overlap, and their rows would be added twice"
+            )
+        if self.clock == "source_offsets" and not self.checkpoint:
+            raise ValueError("option 'clock': 'source_offsets' needs the 'checkpoint' option")
         if self.partition_by is not None and len(set(self.partition_by)) != len(self.partition_by):
             raise ValueError(f"option 'partition_by': names a column twice: {list(self.partition_by)}")
         return self

@@ -73,12 +73,10 @@ def lineage_of(batch: DataFrame, opts: SinkOptions) -> str:
 
 def _checkpoint_query_id(checkpoint: str) -> str | None:
     """The query id a streaming checkpoint records (``<checkpoint>/metadata``), if any."""
-    import pyarrow.fs as pafs
+    from mvsink.clock import read_checkpoint_file
 
     try:
-        fs, path = pafs.FileSystem.from_uri(checkpoint if "://" in checkpoint else f"file://{checkpoint}")
-        with fs.open_input_stream(f"{path.rstrip('/')}/metadata") as fh:
-            return str(json.loads(fh.read().decode())["id"])
+        return str(json.loads(read_checkpoint_file(checkpoint, "metadata"))["id"])
     except Exception as exc:
         log.warning("cannot read the query id from checkpoint %s: %s", checkpoint, exc)
         return None

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+from mvsink.clock import Verdict
 from mvsink.errors import InvariantViolation, Where
 from mvsink.lineage import Lineage
 
@@ -40,9 +41,11 @@ class BatchDescription:
     upper: int
     takeover: bool = False
     """A new lineage's first epoch: its upper counts in its own epochs, not the old lineage's."""
+    clocked: bool = False
+    """Minted under a shared clock (``clock.py``): the time decides, not the upper."""
 
     def __post_init__(self) -> None:
-        if self.lower is not None and self.upper <= self.lower and not self.takeover:
+        if self.lower is not None and self.upper <= self.lower and not (self.takeover or self.clocked):
             raise InvariantViolation(f"a description must advance the frontier: {self}")
 
 
@@ -56,11 +59,19 @@ def mint(
     adopt: bool,
     mode: str,
     where: Where,
+    verdict: Verdict | None = None,
 ) -> BatchDescription | Skip:
     """The description for ``epoch`` of ``lineage`` against ``frontier``, or why there is
-    none. A new lineage is refused (``LineageError``) unless ``adopt``."""
+    none. A new lineage is refused (``LineageError``) unless ``adopt``. Under a shared clock
+    (``verdict`` given, ``clock.compare``) only an epoch ahead of the committed time mints,
+    whatever its lineage."""
     if epoch < as_of:
         return "before_as_of"
+    if verdict is not None:
+        if verdict != "ahead":
+            log.info("%s: the epoch's time is %s the committed time: nothing to write", where, verdict)
+            return "replay"
+        return "read_only" if read_only else BatchDescription(frontier, epoch + 1, clocked=True)
     if lineage.fenced:
         return "fenced"
     if lineage.new:

@@ -36,6 +36,7 @@ Invariants (cited elsewhere by number):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -50,6 +51,8 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame
 
 from mvsink.append import Append
+from mvsink.clock import committed_time, compare, epoch_time
+from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
 from mvsink.config import SinkOptions
 from mvsink.context import EpochContext
@@ -201,6 +204,7 @@ class _Epoch:
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
         self.lineage = lineage_of(desired, self.opts)
+        self.time = epoch_time(desired, epoch, self.opts, self.where)
         self.ctx = EpochContext(desired, self.opts, self.where, sink.store)
         self.mode: Mode
         if self.opts.mode == "complete":
@@ -234,6 +238,9 @@ class _Epoch:
             layout = self._layout(snap)
             lineage = Lineage.read(snap, opts.app_id, self.lineage)
             writers = Writers.read(snap, opts.app_id, opts.writer)
+            verdict = None
+            if self.time is not None:
+                verdict = compare(self.time, committed_time(snap, opts.app_id, list(self.time)))
             desc = mint(
                 self.epoch,
                 snap.frontier,
@@ -244,6 +251,7 @@ class _Epoch:
                 adopt=opts.new_lineage_policy == "adopt",
                 mode=opts.mode,
                 where=self.where,
+                verdict=verdict,
             )
             if isinstance(desc, BatchDescription) and not writers.may_write:
                 log.warning(
@@ -304,7 +312,7 @@ class _Epoch:
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
-                        transactions=lineage.transactions(desc.upper),
+                        transactions=self._transactions(desc, lineage),
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
@@ -347,13 +355,20 @@ class _Epoch:
     def _discard(self, staged: Staged, plan: Plan) -> None:
         discard(staged, self.ctx.store, plan.index)
 
+    def _transactions(self, desc: BatchDescription, lineage: Lineage) -> dict[str, int]:
+        """What a commit records besides the frontier: the epoch's time under a shared clock,
+        else its lineage's standing."""
+        if self.time is not None:
+            return clock_transactions(self.opts.app_id, self.time)
+        return lineage.transactions(desc.upper)
+
     def _check_gap(self, desc: BatchDescription | str) -> None:
         """Only a complete batch repairs everything: in upsert or append mode, epochs of this
         lineage between the frontier and this one that were never written would be missing
         rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning)."""
         if self.opts.mode == "complete" or not isinstance(desc, BatchDescription):
             return
-        if desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
+        if desc.lower is None or desc.takeover or desc.clocked or desc.upper <= desc.lower + 1:
             return
         message = (
             f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
@@ -385,6 +400,7 @@ class _Epoch:
         return {
             **taken,
             "mvsink.lineage": lineage.name,
+            **({"mvsink.time": json.dumps(self.time, sort_keys=True)} if self.time is not None else {}),
             "mvsink.view": self.opts.name,
             "mvsink.epoch": str(self.epoch),
             "mvsink.lower": "" if desc.lower is None else str(desc.lower),

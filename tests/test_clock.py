@@ -1,0 +1,141 @@
+"""Clocks shared by replicas (``clock.py``): an epoch commits only if its time is ahead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from mvsink import ConfigError, MVSink
+from tests.helpers import commit_info, multiset, target_table, versions
+
+SCHEMA = "id long, v string"
+
+
+def test_only_an_epoch_ahead_of_the_committed_time_commits(spark, target):
+    now: dict[str, int] = {}
+    a = MVSink(target, "v", clock=lambda df, epoch: dict(now))
+    b = MVSink(target, "v", clock=lambda df, epoch: dict(now))
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    now.update(x=5, y=1)
+    assert a(rows, 7).outcome == "committed"
+    before = versions(target)
+    now.update(x=3, y=1)
+    assert b(rows, 0).outcome == "replay"  # behind
+    now.update(x=5, y=1)
+    assert b(rows, 1).outcome == "replay"  # the same time
+    now.update(x=6, y=0)
+    assert b(rows, 2).outcome == "replay"  # incomparable
+    assert versions(target) == before
+    later = spark.createDataFrame([(2, "b")], SCHEMA)
+    now.update(x=6, y=1)
+    assert b(later, 0).outcome == "committed"  # ahead, though its batch id is far behind a's
+    assert json.loads(commit_info(target, versions(target)[-1])["mvsink.time"]) == {"x": 6, "y": 1}
+    assert multiset(target_table(target)) == multiset(later.toArrow())
+
+
+def test_source_offsets_needs_a_checkpoint_and_append_mode_refuses_shared_clocks(target):
+    with pytest.raises(ConfigError, match="checkpoint"):
+        MVSink(target, "v", clock="source_offsets")
+    with pytest.raises(ConfigError, match="append mode"):
+        MVSink(target, "v", mode="append", clock="source_offsets", checkpoint="/tmp/x")
+
+
+REPLICA = r"""
+import os, sys, time
+sys.path.insert(0, os.getcwd())
+from pyspark.sql import functions as F
+from mvsink import MVSink
+from mvsink.session import local_session
+from mvsink.sources import register
+source, target, ckpt, ready, stop = sys.argv[1:6]
+spark = local_session("replica", conf={"spark.driver.memory": "1g"})
+register(spark)
+rows = spark.readStream.format("mvsink-delta").option("path", source).load()
+view = rows.groupBy("v").agg(F.count(F.lit(1)).alias("n"), F.sum("id").alias("total"))
+retry = {"max_attempts": 50, "initial_backoff_s": 0.01}
+sink = MVSink(target, "agg", clock="source_offsets", checkpoint=ckpt, retry=retry)
+query = (view.writeStream.outputMode("complete").foreachBatch(sink)
+         .option("checkpointLocation", ckpt).trigger(processingTime="200 milliseconds").start())
+open(ready, "w").close()
+while not os.path.exists(stop) and query.isActive:
+    time.sleep(0.2)
+query.stop()
+if query.exception() is not None:
+    raise SystemExit(str(query.exception()))
+print(sorted({r.outcome for r in sink.reports}))
+"""
+
+
+REPLICAS = 3
+
+
+def desired_at(source: str, version: int) -> Counter:
+    rows = pa.table(DeltaTable(source, version=version).to_pyarrow_table()).to_pylist()
+    groups: dict[str, list[int]] = {}
+    for r in rows:
+        groups.setdefault(r["v"], []).append(r["id"])
+    return Counter((v, len(ids), sum(ids)) for v, ids in groups.items())
+
+
+def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_path, local_target):
+    source, target = str(tmp_path / "source"), local_target
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    write_deltalake(source, pa.table({"id": [0], "v": ["g0"]}, schema=schema))
+    script = tmp_path / "replica.py"
+    script.write_text(REPLICA)
+    stop = str(tmp_path / "stop")
+    procs, ready = [], []
+    for r in range(REPLICAS):
+        ready.append(str(tmp_path / f"ready{r}"))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), source, target, str(tmp_path / f"ckpt{r}"), ready[-1], stop],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": os.getcwd()},
+                cwd=os.getcwd(),
+            )
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while not all(Path(p).exists() for p in ready) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last = 0
+        for i in range(1, 21):  # a producer appending while the replicas race
+            ids = list(range(i * 10, i * 10 + 3))
+            write_deltalake(
+                source, pa.table({"id": ids, "v": [f"g{i % 4}"] * 3}, schema=schema), mode="append"
+            )
+            last = i
+            time.sleep(0.25)
+        while time.monotonic() < deadline:
+            try:  # staged files may come before the first commit makes a table
+                if DeltaTable(target).transaction_version("mvsink:agg~0.version") == last:
+                    break
+            except TableNotFoundError:
+                pass
+            time.sleep(0.5)
+    finally:
+        Path(stop).touch()
+        outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    seen = -1
+    for v in versions(target):
+        stamp = json.loads(commit_info(target, v)["mvsink.time"])["0.version"]
+        assert stamp > seen  # the view never moves back, nor is a time written twice
+        seen = stamp
+        got = multiset(target_table(target, v))
+        assert got == desired_at(source, stamp), f"version {v} at source version {stamp}"
+    assert seen == last
