@@ -18,6 +18,7 @@ back, and each committed version holds desired as of the time it records.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -37,13 +38,41 @@ Time = dict[str, int]
 Verdict = Literal["ahead", "same", "behind", "incomparable"]
 
 
-def read_checkpoint_file(checkpoint: str, relative: str) -> str:
-    """The text of a file of a streaming checkpoint (local path or URI)."""
-    import pyarrow.fs as pafs
+def read_checkpoint_file(
+    checkpoint: str, relative: str, storage_options: Mapping[str, str], where: Where
+) -> str:
+    """The text of a file of a streaming checkpoint (a local path or an object store URI,
+    reached with the sink's ``storage_options``; ``s3a://`` is read as ``s3://``)."""
+    from mvsink.delta import table_root
+    from mvsink.storage import Store
 
-    fs, path = pafs.FileSystem.from_uri(checkpoint if "://" in checkpoint else f"file://{checkpoint}")
-    with fs.open_input_stream(f"{path.rstrip('/')}/{relative}") as fh:
-        return bytes(fh.read()).decode()
+    if checkpoint.startswith("s3a://"):
+        checkpoint = "s3://" + checkpoint.removeprefix("s3a://")
+    try:
+        data = Store(table_root(checkpoint), dict(storage_options)).get(relative)
+    except Exception as exc:
+        raise ConfigError(f"cannot read {relative} of checkpoint {checkpoint}: {exc}", where) from exc
+    if data is None:
+        raise ConfigError(f"checkpoint {checkpoint} has no {relative}: is it the query's checkpoint?", where)
+    return bytes(data.to_pybytes()).decode()
+
+
+def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:
+    """The end offsets Spark recorded for ``batch_id`` (``offsets/<id>``), flattened."""
+    assert opts.checkpoint is not None
+    text = read_checkpoint_file(opts.checkpoint, f"offsets/{batch_id}", opts.storage_options, where)
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "v1":
+        raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint} is not in a format mvsink knows", where)
+    # After the version and the batch's metadata: one line per source, its offset as JSON, or
+    # "-" for a source with none yet (counted as -1, so that every batch names the same parts).
+    sources: dict[str, Any] = {}
+    for i, line in enumerate(lines[2:]):
+        try:
+            sources[str(i)] = -1 if line.strip() == "-" else json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint}: source {i}: {exc}", where) from None
+    return flatten(sources, where)
 
 
 def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -> Time | None:
@@ -55,15 +84,15 @@ def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) ->
         return flatten(clock(batch, epoch), where)
     if not opts.checkpoint:
         raise ConfigError("clock 'source_offsets' needs the query's 'checkpoint' option", where)
-    try:
-        text = read_checkpoint_file(opts.checkpoint, f"offsets/{epoch}")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the offsets of batch {epoch} from checkpoint {opts.checkpoint}: {exc}", where
-        ) from exc
-    # "v1", the batch's metadata, then one line per source: its end offset as JSON.
-    sources = [json.loads(line) for line in text.splitlines()[2:] if line.strip()]
-    return flatten({str(i): s for i, s in enumerate(sources)}, where)
+    return _offsets(opts, epoch, where)
+
+
+def batch_start(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -> Time | None:
+    """Where the batch's data starts: the end offsets of the batch before it (None: the
+    first batch, or a callable clock, which says only where batches end)."""
+    if opts.clock != "source_offsets" or epoch == 0:
+        return None
+    return _offsets(opts, epoch - 1, where)
 
 
 def flatten(value: Any, where: Where, prefix: str = "") -> Time:
@@ -84,12 +113,21 @@ def flatten(value: Any, where: Where, prefix: str = "") -> Time:
     return out
 
 
+def _names_id(app_id: str, names: list[str]) -> str:
+    return f"{app_id}~names@" + hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
 def committed_time(snap: Snapshot, app_id: str, names: list[str]) -> Time | None:
-    """The time of the last commit made under this clock, or None."""
+    """The time of the last commit made under this clock, or None. A commit whose time had
+    other parts (another set of sources) is returned with a part this time lacks, so that
+    ``compare`` finds the two incomparable."""
     found = {n: snap.transaction(f"{app_id}~{n}") for n in names}
-    if all(v is None for v in found.values()):
+    if all(v is None for v in found.values()) and snap.transaction(f"{app_id}~names") is None:
         return None
-    return {n: v for n, v in found.items() if v is not None}
+    out = {n: v for n, v in found.items() if v is not None}
+    if snap.transaction(_names_id(app_id, names)) != snap.transaction(f"{app_id}~names"):
+        out["(other sources)"] = 0
+    return out
 
 
 def compare(time: Time, committed: Time | None) -> Verdict:
@@ -106,4 +144,11 @@ def compare(time: Time, committed: Time | None) -> Verdict:
 
 
 def transactions(app_id: str, time: Time) -> dict[str, int]:
-    return {f"{app_id}~{k}": v for k, v in time.items()}
+    """The app transactions recording ``time`` as the committed time: its parts, and which
+    parts it had (a tag both under its names' digest and as the current one)."""
+    tag = int(hashlib.sha256("\n".join(sorted(time)).encode()).hexdigest()[:12], 16)
+    return {
+        **{f"{app_id}~{k}": v for k, v in time.items()},
+        _names_id(app_id, list(time)): tag,
+        f"{app_id}~names": tag,
+    }

@@ -211,6 +211,11 @@ def partition_string(value: Any) -> str | None:
     return str(value)
 
 
+def check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
+    """Refuse tables whose files mvsink would misread (deletion vectors, column mapping)."""
+    return _check_features(dt, where)
+
+
 def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
     proto = dt.protocol()
     features = set(proto.reader_features or ()) | set(proto.writer_features or ())

@@ -41,7 +41,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mvsink.errors import LineageError, Where
+from mvsink.errors import ConfigError, LineageError, Where
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,30 +56,43 @@ DIRECT = "direct"
 _QUERY_ID = "sql.streaming.queryId"  # the local property Spark sets while a query runs a batch
 
 
-def lineage_of(batch: DataFrame, opts: SinkOptions) -> str:
+def lineage_of(batch: DataFrame, opts: SinkOptions, where: Where) -> str:
     """The lineage of an epoch: the ``lineage`` option; else the streaming query running the
     batch (its id from Spark, or from the ``checkpoint`` option's metadata under Spark Connect,
-    where the driver's properties are out of reach); else ``"direct"``."""
+    where the driver's properties are out of reach); else ``"direct"``.
+
+    A ``checkpoint`` that cannot be read, or that names another query than the one running,
+    is an error, never a silent ``"direct"``: a wrong lineage would take the view over."""
     if opts.lineage:
         return opts.lineage
     try:
         query = batch.sparkSession.sparkContext.getLocalProperty(_QUERY_ID)
     except Exception:  # a Spark Connect session has no SparkContext
         query = None
-    if not query and opts.checkpoint:
-        query = _checkpoint_query_id(opts.checkpoint)
+    if opts.checkpoint:
+        recorded = _checkpoint_query_id(opts, where)
+        if query and recorded != query:
+            raise ConfigError(
+                f"option 'checkpoint' ({opts.checkpoint}) belongs to query {recorded}, but query "
+                f"{query} runs this batch: pass the query's own checkpoint location",
+                where,
+            )
+        query = recorded
     return f"query:{query}" if query else DIRECT
 
 
-def _checkpoint_query_id(checkpoint: str) -> str | None:
-    """The query id a streaming checkpoint records (``<checkpoint>/metadata``), if any."""
+def _checkpoint_query_id(opts: SinkOptions, where: Where) -> str:
+    """The query id a streaming checkpoint records (``<checkpoint>/metadata``)."""
     from mvsink.clock import read_checkpoint_file
 
+    assert opts.checkpoint is not None
+    text = read_checkpoint_file(opts.checkpoint, "metadata", opts.storage_options, where)
     try:
-        return str(json.loads(read_checkpoint_file(checkpoint, "metadata"))["id"])
-    except Exception as exc:
-        log.warning("cannot read the query id from checkpoint %s: %s", checkpoint, exc)
-        return None
+        return str(json.loads(text)["id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"checkpoint {opts.checkpoint} has no query id in its metadata: {exc}", where
+        ) from None
 
 
 def _digest(lineage: str) -> str:
@@ -128,12 +141,14 @@ class Lineage:
         """The app transactions a commit of this lineage at ``upper`` records (besides the
         frontier): its own frontier, and, unless it owns the view, the next generation."""
         d = _digest(self.name)
-        out = {f"{self.app_id}@{d}": upper}
-        if not self.owns:
-            generation = (self.owner or 0) + 1
-            out[f"{self.app_id}#owner"] = generation
-            out[f"{self.app_id}#gen@{d}"] = generation
-        return out
+        # Restamped by every commit: a table with delta.setTransactionRetentionDuration drops
+        # app transactions not written for that long, and ownership must not expire.
+        generation = self.owner if self.owns and self.owner is not None else (self.owner or 0) + 1
+        return {
+            f"{self.app_id}@{d}": upper,
+            f"{self.app_id}#owner": generation,
+            f"{self.app_id}#gen@{d}": generation,
+        }
 
     def refuse_new(self, mode: str, where: Where) -> None:
         raise LineageError(
@@ -171,6 +186,15 @@ class Writers:
     @property
     def may_write(self) -> bool:
         return self.active is None or self.is_active
+
+    def restamp(self) -> dict[str, int]:
+        """What a commit of the active writer records again, so the promotion never expires."""
+        if not self.is_active or self.writer is None or self.active is None:
+            return {}
+        return {
+            f"{self.app_id}#active": self.active,
+            f"{self.app_id}#writer@{_digest(self.writer)}": self.active,
+        }
 
     def promotion(self) -> dict[str, int]:
         """The app transactions that make ``writer`` the active writer."""

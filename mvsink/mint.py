@@ -60,6 +60,7 @@ def mint(
     mode: str,
     where: Where,
     verdict: Verdict | None = None,
+    active_writer: bool = False,
 ) -> BatchDescription | Skip:
     """The description for ``epoch`` of ``lineage`` against ``frontier``, or why there is
     none. A new lineage is refused (``LineageError``) unless ``adopt``. Under a shared clock
@@ -72,13 +73,13 @@ def mint(
             log.info("%s: the epoch's time is %s the committed time: nothing to write", where, verdict)
             return "replay"
         return "read_only" if read_only else BatchDescription(frontier, epoch + 1, clocked=True)
-    if lineage.fenced:
+    if lineage.fenced and not active_writer:
         return "fenced"
-    if lineage.new:
-        if not adopt:
-            lineage.refuse_new(mode, where)
+    if lineage.new or lineage.fenced:  # (a fenced lineage whose writer was promoted takes over)
         if read_only:
             return "read_only"
+        if not adopt and not active_writer:
+            lineage.refuse_new(mode, where)
         log.warning(
             "%s: lineage %s takes the view over at its epoch %d (the view's frontier was %s); the "
             "lineage that owned it is fenced from now on",

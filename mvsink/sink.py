@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame
 
 from mvsink.append import Append
-from mvsink.clock import committed_time, compare, epoch_time
+from mvsink.clock import Time, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
 from mvsink.config import SinkOptions
@@ -68,7 +68,7 @@ from mvsink.errors import (
     Where,
 )
 from mvsink.index import PersistedIndex
-from mvsink.lineage import Lineage, Writers, lineage_of
+from mvsink.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.mint import BatchDescription, mint
 from mvsink.report import EpochReport
 from mvsink.schema import (
@@ -116,6 +116,7 @@ class MVSink:
         self._index = PersistedIndex()
         self._lock = threading.Lock()
         self._probed = False
+        self._seen_lineage: str | None = None
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -123,6 +124,15 @@ class MVSink:
         # Called right after the commit call returns, inside its error handling (tests use it
         # to fail a commit that landed, as a post-commit step of delta-rs can).
         self._after_commit_call: Callable[[], None] | None = None
+
+    def _lineage(self, found: str) -> str:
+        """A sink object serves one query: once it has seen the query's lineage, a batch that
+        shows none (a thread without Spark's properties) is still that query's."""
+        if found == DIRECT and self._seen_lineage is not None:
+            return self._seen_lineage
+        if found != DIRECT:
+            self._seen_lineage = found
+        return found
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "read_only": self._read_only}
@@ -203,7 +213,7 @@ class _Epoch:
         self.where = Where(self.opts.name, self.opts.target, epoch)
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
-        self.lineage = lineage_of(desired, self.opts)
+        self.lineage = sink._lineage(lineage_of(desired, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
         self.ctx = EpochContext(desired, self.opts, self.where, sink.store)
         self.mode: Mode
@@ -238,9 +248,10 @@ class _Epoch:
             layout = self._layout(snap)
             lineage = Lineage.read(snap, opts.app_id, self.lineage)
             writers = Writers.read(snap, opts.app_id, opts.writer)
-            verdict = None
+            verdict, committed = None, None
             if self.time is not None:
-                verdict = compare(self.time, committed_time(snap, opts.app_id, list(self.time)))
+                committed = committed_time(snap, opts.app_id, list(self.time))
+                verdict = compare(self.time, committed)
             desc = mint(
                 self.epoch,
                 snap.frontier,
@@ -252,6 +263,7 @@ class _Epoch:
                 mode=opts.mode,
                 where=self.where,
                 verdict=verdict,
+                active_writer=writers.is_active,
             )
             if isinstance(desc, BatchDescription) and not writers.may_write:
                 log.warning(
@@ -273,7 +285,7 @@ class _Epoch:
                     )
                 ctx.drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
-            self._check_gap(desc)
+            self._check_gap(desc, committed)
             plan = self.mode.plan(snap, layout)
             if not isinstance(desc, BatchDescription):
                 ctx.drain()  # append mode plans without running the batch
@@ -312,7 +324,7 @@ class _Epoch:
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
-                        transactions=self._transactions(desc, lineage),
+                        transactions=self._transactions(desc, lineage, writers),
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
@@ -355,26 +367,43 @@ class _Epoch:
     def _discard(self, staged: Staged, plan: Plan) -> None:
         discard(staged, self.ctx.store, plan.index)
 
-    def _transactions(self, desc: BatchDescription, lineage: Lineage) -> dict[str, int]:
+    def _transactions(self, desc: BatchDescription, lineage: Lineage, writers: Writers) -> dict[str, int]:
         """What a commit records besides the frontier: the epoch's time under a shared clock,
-        else its lineage's standing."""
+        else its lineage's standing; and the active writer's promotion, again."""
         if self.time is not None:
-            return clock_transactions(self.opts.app_id, self.time)
-        return lineage.transactions(desc.upper)
+            return {**clock_transactions(self.opts.app_id, self.time), **writers.restamp()}
+        return {**lineage.transactions(desc.upper), **writers.restamp()}
 
-    def _check_gap(self, desc: BatchDescription | str) -> None:
+    def _check_gap(self, desc: BatchDescription | str, committed: Time | None) -> None:
         """Only a complete batch repairs everything: in upsert or append mode, epochs of this
         lineage between the frontier and this one that were never written would be missing
         rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning)."""
         if self.opts.mode == "complete" or not isinstance(desc, BatchDescription):
             return
-        if desc.lower is None or desc.takeover or desc.clocked or desc.upper <= desc.lower + 1:
+        if desc.takeover and self.epoch > self.opts.as_of:
+            message = (
+                f"a new lineage takes the view over at its epoch {self.epoch}, not its first: in "
+                f"{self.opts.mode} mode the rows of its earlier epochs would be missing"
+            )
+        elif desc.clocked:
+            # The batch covers (its start, its end]: rows between the committed time and its
+            # start were never written by anyone.
+            start = batch_start(self.ctx.batch, self.epoch, self.opts, self.where)
+            if committed is None or start is None or compare(start, committed) in ("behind", "same"):
+                return
+            message = (
+                f"this batch starts at {start}, past the committed source offsets {committed}: in "
+                f"{self.opts.mode} mode the rows in between would be missing (a replica that skipped "
+                "batches, or a standby that started late)"
+            )
+        elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
             return
-        message = (
-            f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
-            f"{self.opts.mode} mode their rows would be missing (was the table restored, a "
-            "standby promoted late, or the checkpoint replaced?)"
-        )
+        else:
+            message = (
+                f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
+                f"{self.opts.mode} mode their rows would be missing (was the table restored, a "
+                "standby promoted late, or the checkpoint replaced?)"
+            )
         if not self.opts.allow_gaps:
             raise LineageError(message + ". Nothing was written; set allow_gaps=True to go on.", self.where)
         log.warning("%s: %s", self.where, message)

@@ -45,8 +45,8 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
         pass
 
 
-from mvsink.delta import DataFile, table_root
-from mvsink.errors import InputError
+from mvsink.delta import DataFile, check_features, table_root
+from mvsink.errors import InputError, Where
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store
 
@@ -76,6 +76,8 @@ class DeltaVersions(DataSource):
     def schema(self) -> StructType:
         root, storage = self._settings()
         table = DeltaTable(root, storage_options=storage or None)
+        # Files of such tables do not hold rows as their names say: refuse, never misread.
+        check_features(table, Where(target=root))
         return StructType.fromJson(json.loads(table.schema().to_json()))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -126,8 +128,11 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
         latest = self._latest() if self.until is None else self.until
         cap = self.limit if limit is None else getattr(limit, "max_files", None)
-        if start is not None and cap:
-            latest = min(latest, int(start["version"]) + int(cap))
+        if start is not None:
+            # Never below where the stream stands (a startingVersion past the latest version).
+            latest = max(latest, int(start["version"]))
+            if cap:
+                latest = min(latest, int(start["version"]) + int(cap))
         return {"version": latest}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -149,6 +154,13 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not line.strip():
                 continue
             action = json.loads(line)
+            meta = action.get("metaData")
+            if meta and StructType.fromJson(json.loads(meta["schemaString"])) != self.schema:
+                raise InputError(
+                    f"Delta version {version} of {self.store.root} changes the table's schema: the "
+                    "stream keeps the schema it started with; start a new query (a new checkpoint) "
+                    "from this version to read the new one"
+                )
             if "remove" in action and action["remove"].get("dataChange", True):
                 raise InputError(
                     f"Delta version {version} of {self.store.root} removes rows "

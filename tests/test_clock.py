@@ -15,39 +15,42 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from mvsink import ConfigError, MVSink
+from mvsink import ConfigError, LineageError, MVSink
 from tests.helpers import commit_info, multiset, target_table, versions
 
 SCHEMA = "id long, v string"
 
 
-def test_only_an_epoch_ahead_of_the_committed_time_commits(spark, target):
+def test_only_an_epoch_ahead_of_the_committed_time_commits(spark, local_target):
     now: dict[str, int] = {}
-    a = MVSink(target, "v", clock=lambda df, epoch: dict(now))
-    b = MVSink(target, "v", clock=lambda df, epoch: dict(now))
+    a = MVSink(local_target, "v", clock=lambda df, epoch: dict(now))
+    b = MVSink(local_target, "v", clock=lambda df, epoch: dict(now))
     rows = spark.createDataFrame([(1, "a")], SCHEMA)
     now.update(x=5, y=1)
     assert a(rows, 7).outcome == "committed"
-    before = versions(target)
+    before = versions(local_target)
     now.update(x=3, y=1)
     assert b(rows, 0).outcome == "replay"  # behind
     now.update(x=5, y=1)
     assert b(rows, 1).outcome == "replay"  # the same time
     now.update(x=6, y=0)
     assert b(rows, 2).outcome == "replay"  # incomparable
-    assert versions(target) == before
+    assert versions(local_target) == before
     later = spark.createDataFrame([(2, "b")], SCHEMA)
     now.update(x=6, y=1)
     assert b(later, 0).outcome == "committed"  # ahead, though its batch id is far behind a's
-    assert json.loads(commit_info(target, versions(target)[-1])["mvsink.time"]) == {"x": 6, "y": 1}
-    assert multiset(target_table(target)) == multiset(later.toArrow())
+    assert json.loads(commit_info(local_target, versions(local_target)[-1])["mvsink.time"]) == {
+        "x": 6,
+        "y": 1,
+    }
+    assert multiset(target_table(local_target)) == multiset(later.toArrow())
 
 
-def test_source_offsets_needs_a_checkpoint_and_append_mode_refuses_shared_clocks(target):
+def test_source_offsets_needs_a_checkpoint_and_append_mode_refuses_shared_clocks(local_target):
     with pytest.raises(ConfigError, match="checkpoint"):
-        MVSink(target, "v", clock="source_offsets")
+        MVSink(local_target, "v", clock="source_offsets")
     with pytest.raises(ConfigError, match="append mode"):
-        MVSink(target, "v", mode="append", clock="source_offsets", checkpoint="/tmp/x")
+        MVSink(local_target, "v", mode="append", clock="source_offsets", checkpoint="/tmp/x")
 
 
 REPLICA = r"""
@@ -57,13 +60,13 @@ from pyspark.sql import functions as F
 from mvsink import MVSink
 from mvsink.session import local_session
 from mvsink.sources import register
-source, target, ckpt, ready, stop = sys.argv[1:6]
+source, local_target, ckpt, ready, stop = sys.argv[1:6]
 spark = local_session("replica", conf={"spark.driver.memory": "1g"})
 register(spark)
 rows = spark.readStream.format("mvsink-delta").option("path", source).load()
 view = rows.groupBy("v").agg(F.count(F.lit(1)).alias("n"), F.sum("id").alias("total"))
 retry = {"max_attempts": 50, "initial_backoff_s": 0.01}
-sink = MVSink(target, "agg", clock="source_offsets", checkpoint=ckpt, retry=retry)
+sink = MVSink(local_target, "agg", clock="source_offsets", checkpoint=ckpt, retry=retry)
 query = (view.writeStream.outputMode("complete").foreachBatch(sink)
          .option("checkpointLocation", ckpt).trigger(processingTime="200 milliseconds").start())
 open(ready, "w").close()
@@ -88,7 +91,7 @@ def desired_at(source: str, version: int) -> Counter:
 
 
 def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_path, local_target):
-    source, target = str(tmp_path / "source"), local_target
+    source = str(tmp_path / "source")
     schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
     write_deltalake(source, pa.table({"id": [0], "v": ["g0"]}, schema=schema))
     script = tmp_path / "replica.py"
@@ -99,7 +102,15 @@ def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_p
         ready.append(str(tmp_path / f"ready{r}"))
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script), source, target, str(tmp_path / f"ckpt{r}"), ready[-1], stop],
+                [
+                    sys.executable,
+                    str(script),
+                    source,
+                    local_target,
+                    str(tmp_path / f"ckpt{r}"),
+                    ready[-1],
+                    stop,
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -121,7 +132,7 @@ def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_p
             time.sleep(0.25)
         while time.monotonic() < deadline:
             try:  # staged files may come before the first commit makes a table
-                if DeltaTable(target).transaction_version("mvsink:agg~0.version") == last:
+                if DeltaTable(local_target).transaction_version("mvsink:agg~0.version") == last:
                     break
             except TableNotFoundError:
                 pass
@@ -132,10 +143,34 @@ def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_p
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     seen = -1
-    for v in versions(target):
-        stamp = json.loads(commit_info(target, v)["mvsink.time"])["0.version"]
+    for v in versions(local_target):
+        stamp = json.loads(commit_info(local_target, v)["mvsink.time"])["0.version"]
         assert stamp > seen  # the view never moves back, nor is a time written twice
         seen = stamp
-        got = multiset(target_table(target, v))
+        got = multiset(target_table(local_target, v))
         assert got == desired_at(source, stamp), f"version {v} at source version {stamp}"
     assert seen == last
+
+
+def checkpoint(root: Path, query: str, offsets: dict[int, int]) -> str:
+    """A streaming checkpoint as Spark lays it out: the query id and per batch its offsets."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "metadata").write_text(json.dumps({"id": query}))
+    for batch, version in offsets.items():
+        (root / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"version":{version}}}\n')
+    return str(root)
+
+
+def test_an_upsert_batch_starting_past_the_committed_offsets_is_refused(spark, tmp_path, local_target):
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    a = checkpoint(tmp_path / "a", "qa", {0: 5})
+    MVSink(local_target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=a)(rows, 0)
+    late = checkpoint(tmp_path / "late", "qb", {2: 7, 3: 9})  # its batch 3 covers (7, 9]
+    before = versions(local_target)
+    sink = MVSink(local_target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=late)
+    with pytest.raises(LineageError, match="past the committed source offsets"):
+        sink(rows, 3)
+    assert versions(local_target) == before
+    covering = checkpoint(tmp_path / "covering", "qc", {2: 4, 3: 9})  # covers (4, 9] ⊇ (5, 9]
+    ok = MVSink(local_target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=covering)
+    assert ok(rows, 3).outcome == "committed"

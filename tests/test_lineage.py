@@ -32,78 +32,108 @@ def run(spark, source, ckpt, sink, *, complete=True):
     return query.exception()
 
 
-def test_a_new_checkpoint_takes_a_complete_view_over_and_fences_the_old_one(spark, tmp_path, target):
+def test_a_new_checkpoint_takes_a_complete_view_over_and_fences_the_old_one(spark, tmp_path, local_target):
     source = str(tmp_path / "in")
     write_orders(source, "a", [("p1", 5), ("p2", 7)])
     write_orders(source, "b", [("p1", 1)])
-    old = MVSink(target, "revenue")
+    old = MVSink(local_target, "revenue")
     assert run(spark, source, str(tmp_path / "old"), old) is None
-    assert frontier(target, "revenue") == 2  # two batches
+    assert frontier(local_target, "revenue") == 2  # two batches
     write_orders(source, "c", [("p3", 4)])
-    new = MVSink(target, "revenue")
+    new = MVSink(local_target, "revenue")
     assert run(spark, source, str(tmp_path / "new"), new) is None  # batch ids from 0 again
     assert next(r.outcome for r in new.reports) == "committed"  # not taken for a replay
-    assert_equal_to(target, expected(spark, source))
-    taken = [v for v in versions(target) if "mvsink.takeover" in commit_info(target, v)]
-    assert len(taken) == 1 and commit_info(target, taken[0])["mvsink.lineage"].startswith("query:")
+    assert_equal_to(local_target, expected(spark, source))
+    taken = [v for v in versions(local_target) if "mvsink.takeover" in commit_info(local_target, v)]
+    assert len(taken) == 1 and commit_info(local_target, taken[0])["mvsink.lineage"].startswith("query:")
 
     # The old job, restarted from its checkpoint with new data, writes nothing.
     write_orders(source, "d", [("p4", 9)])
-    before = versions(target)
-    again = MVSink(target, "revenue")
+    before = versions(local_target)
+    again = MVSink(local_target, "revenue")
     assert run(spark, source, str(tmp_path / "old"), again) is None
     assert [r.outcome for r in again.reports] == ["fenced"] * len(again.reports) and again.reports
-    assert versions(target) == before
+    assert versions(local_target) == before
 
 
-def test_a_new_checkpoint_in_append_mode_is_refused_or_adopted_from_its_first_batch(spark, tmp_path, target):
+def test_a_new_checkpoint_in_append_mode_is_refused_or_adopted_from_its_first_batch(
+    spark, tmp_path, local_target
+):
     source = str(tmp_path / "in")
     write_orders(source, "a", [("p1", 5)])
     write_orders(source, "b", [("p2", 7)])
     assert (
-        run(spark, source, str(tmp_path / "one"), MVSink(target, "log", mode="append"), complete=False)
+        run(spark, source, str(tmp_path / "one"), MVSink(local_target, "log", mode="append"), complete=False)
         is None
     )
-    before = versions(target)
-    held = multiset(target_table(target))
+    before = versions(local_target)
+    held = multiset(target_table(local_target))
 
-    error = run(spark, source, str(tmp_path / "two"), MVSink(target, "log", mode="append"), complete=False)
+    error = run(
+        spark, source, str(tmp_path / "two"), MVSink(local_target, "log", mode="append"), complete=False
+    )
     assert error is not None and "LineageError" in str(error) and "on_new_lineage" in str(error)
-    assert versions(target) == before and multiset(target_table(target)) == held
+    assert versions(local_target) == before and multiset(target_table(local_target)) == held
 
-    adopt = MVSink(target, "log", mode="append", on_new_lineage="adopt")
+    adopt = MVSink(local_target, "log", mode="append", on_new_lineage="adopt")
     assert run(spark, source, str(tmp_path / "three"), adopt, complete=False) is None
     # Every batch of the new query appended once, from its first: the rows are there twice.
-    assert multiset(target_table(target)) == Counter({k: 2 * n for k, n in held.items()})
+    assert multiset(target_table(local_target)) == Counter({k: 2 * n for k, n in held.items()})
 
 
-def test_direct_lineages_take_over_and_are_fenced(spark, target):
+def test_direct_lineages_take_over_and_are_fenced(spark, local_target):
     rows = [(1, "a"), (2, "b")]
     df = spark.createDataFrame(rows, "id long, v string")
-    blue = MVSink(target, "v", lineage="blue")
+    blue = MVSink(local_target, "v", lineage="blue")
     for epoch in range(5):
         blue(df, epoch)
-    green = MVSink(target, "v", lineage="green")
+    green = MVSink(local_target, "v", lineage="green")
     other = spark.createDataFrame([(3, "c")], "id long, v string")
     report = green(other, 0)
-    assert report.outcome == "committed" and frontier(target, "v") == 1
-    assert_equal_to(target, other)
+    assert report.outcome == "committed" and frontier(local_target, "v") == 1
+    assert_equal_to(local_target, other)
     assert green(other, 0).outcome == "replay"  # its own replay
     assert blue(df, 9).outcome == "fenced"  # even far ahead of green's epochs
-    assert_equal_to(target, other)
+    assert_equal_to(local_target, other)
 
-    up = MVSink(target + "-up", "u", mode="upsert", key=["id"], lineage="blue")
+    up = MVSink(local_target + "-up", "u", mode="upsert", key=["id"], lineage="blue")
     up(df, 0)
     with pytest.raises(LineageError, match="new lineage") as info:
-        MVSink(target + "-up", "u", mode="upsert", key=["id"], lineage="green")(other, 0)
+        MVSink(local_target + "-up", "u", mode="upsert", key=["id"], lineage="green")(other, 0)
     assert info.value.view == "u" and info.value.epoch == 0
-    assert multiset(target_table(target + "-up")) == multiset(df.toArrow())
+    assert multiset(target_table(local_target + "-up")) == multiset(df.toArrow())
 
 
-def test_a_read_only_new_lineage_commits_nothing(spark, target):
+def test_a_read_only_new_lineage_commits_nothing(spark, local_target):
     df = spark.createDataFrame([(1, "a")], "id long, v string")
-    MVSink(target, "v", lineage="blue")(df, 0)
-    before = versions(target)
-    standby = MVSink(target, "v", lineage="green", read_only=True)
+    MVSink(local_target, "v", lineage="blue")(df, 0)
+    before = versions(local_target)
+    standby = MVSink(local_target, "v", lineage="green", read_only=True)
     assert standby(df, 0).outcome == "read_only"
-    assert versions(target) == before
+    assert versions(local_target) == before
+
+
+def test_a_read_only_upsert_standby_of_a_new_lineage_reports_instead_of_failing(spark, local_target):
+    df = spark.createDataFrame([(1, "a")], "id long, v string")
+    MVSink(local_target, "u", mode="upsert", key=["id"], lineage="blue")(df, 0)
+    standby = MVSink(local_target, "u", mode="upsert", key=["id"], lineage="green", read_only=True)
+    assert standby(df, 0).outcome == "read_only"
+
+
+def test_ownership_is_restamped_by_every_commit(spark, local_target):
+    from tests.helpers import log_entry
+
+    sink = MVSink(local_target, "v", lineage="blue")
+    for epoch in range(3):
+        sink(spark.createDataFrame([(epoch, "a")], "id long, v string"), epoch)
+    last = [a["txn"]["appId"] for a in log_entry(local_target, versions(local_target)[-1]) if "txn" in a]
+    assert "mvsink:v#owner" in last  # so delta.setTransactionRetentionDuration cannot expire it
+
+
+def test_a_checkpoint_option_naming_another_query_is_refused(spark, tmp_path, local_target):
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+    other = str(tmp_path / "other")
+    assert run(spark, source, other, MVSink(local_target, "revenue")) is None
+    error = run(spark, source, str(tmp_path / "mine"), MVSink(local_target, "revenue", checkpoint=other))
+    assert error is not None and "belongs to query" in str(error)

@@ -1,4 +1,4 @@
-"""Promotion: the target names the view's active writer; the others fence themselves."""
+"""Promotion: the local_target names the view's active writer; the others fence themselves."""
 
 from __future__ import annotations
 
@@ -15,43 +15,58 @@ from tests.helpers import assert_equal_to, versions
 SCHEMA = "id long, v string"
 
 
-def test_blue_green_the_promoted_standby_writes_and_the_old_writer_is_fenced(spark, target, capsys):
-    blue = MVSink(target, "v", writer="blue")
-    green = MVSink(target, "v", writer="green", read_only=True)
+def test_blue_green_the_promoted_standby_writes_and_the_old_writer_is_fenced(spark, local_target, capsys):
+    blue = MVSink(local_target, "v", writer="blue")
+    green = MVSink(local_target, "v", writer="green", read_only=True)
     for epoch in range(3):
         rows = spark.createDataFrame([(i, f"e{epoch}") for i in range(4)], SCHEMA)
         assert blue(rows, epoch).outcome == "committed"  # no promotion yet: blue writes
         assert green(rows, epoch).outcome in ("read_only", "replay")
-    before = versions(target)
+    before = versions(local_target)
     assert len(before) == 3  # the standby created no versions
 
-    assert main(["promote", target, "--name", "v", "--writer", "green"]) == 0
+    assert main(["promote", local_target, "--name", "v", "--writer", "green"]) == 0
     assert "green is the active writer" in capsys.readouterr().out
     nxt = spark.createDataFrame([(9, "green")], SCHEMA)
     assert green(nxt, 3).outcome == "committed"  # from its next epoch, though started read-only
-    assert_equal_to(target, nxt)
-    after = versions(target)
+    assert_equal_to(local_target, nxt)
+    after = versions(local_target)
     assert blue(spark.createDataFrame([(1, "blue")], SCHEMA), 4).outcome == "fenced"
-    assert versions(target) == after
-    assert_equal_to(target, nxt)
+    assert versions(local_target) == after
+    assert_equal_to(local_target, nxt)
 
 
-def test_two_promotions_at_once_exactly_one_lands(spark, target):
-    MVSink(target, "v")(spark.createDataFrame([(1, "a")], SCHEMA), 0)
-    snap = load_snapshot(target, "mvsink:v", {}, Where())
-    first = SinkOptions.build(target=target, name="v", writer="a")
-    second = SinkOptions.build(target=target, name="v", writer="b")
+def test_two_promotions_at_once_exactly_one_lands(spark, local_target):
+    MVSink(local_target, "v")(spark.createDataFrame([(1, "a")], SCHEMA), 0)
+    snap = load_snapshot(local_target, "mvsink:v", {}, Where())
+    first = SinkOptions.build(target=local_target, name="v", writer="a")
+    second = SinkOptions.build(target=local_target, name="v", writer="b")
     promote_on(snap, first, Where())
     with pytest.raises(ConflictError):
         promote_on(snap, second, Where())  # against the same version: it cannot land
-    a, b = MVSink(target, "v", writer="a"), MVSink(target, "v", writer="b")
+    a, b = MVSink(local_target, "v", writer="a"), MVSink(local_target, "v", writer="b")
     assert a(spark.createDataFrame([(2, "a")], SCHEMA), 1).outcome == "committed"
     assert b(spark.createDataFrame([(3, "b")], SCHEMA), 2).outcome == "fenced"
 
 
-def test_promotion_needs_a_writer_and_a_table(spark, target):
+def test_promotion_needs_a_writer_and_a_table(spark, local_target):
     with pytest.raises(ConfigError, match="writer"):
-        MVSink(target, "v").promote()
+        MVSink(local_target, "v").promote()
     with pytest.raises(ConfigError, match="no Delta table"):
-        promote(target, "v", "green")
-    assert main(["promote", target, "--name", "v", "--writer", "green"]) == 2
+        promote(local_target, "v", "green")
+    assert main(["promote", local_target, "--name", "v", "--writer", "green"]) == 2
+
+
+def test_failback_a_promoted_writer_whose_lineage_was_superseded_takes_the_view_back(spark, local_target):
+    rows = spark.createDataFrame([(1, "blue")], SCHEMA)
+    blue = MVSink(local_target, "v", writer="blue", lineage="blue")
+    green = MVSink(local_target, "v", writer="green", lineage="green", read_only=True)
+    blue(rows, 0)
+    promote(local_target, "v", "green")
+    greens = spark.createDataFrame([(2, "green")], SCHEMA)
+    assert green(greens, 0).outcome == "committed"  # a new lineage, and the active writer
+    assert blue(rows, 1).outcome == "fenced"
+    promote(local_target, "v", "blue")  # fail back
+    assert blue(rows, 2).outcome == "committed"  # its lineage was fenced; promotion wins
+    assert green(greens, 1).outcome == "fenced"
+    assert_equal_to(local_target, rows)

@@ -56,3 +56,11 @@ def test_a_version_that_deletes_rows_stops_the_stream_with_a_clear_error(spark, 
     DeltaTable(local_target).delete("id = 1")
     with pytest.raises(Exception, match="reads appends only"):
         drain(spark, local_target, str(tmp_path / "ckpt"))
+
+
+def test_a_schema_change_stops_the_stream_with_a_clear_error(spark, tmp_path, local_target):
+    append(local_target, range(0, 2), "a")
+    wider = pa.table({"id": [5], "v": ["b"], "extra": [1.5]})
+    write_deltalake(local_target, wider, mode="append", schema_mode="merge")
+    with pytest.raises(Exception, match="changes the table's schema"):
+        drain(spark, local_target, str(tmp_path / "ckpt"))
