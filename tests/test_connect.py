@@ -75,11 +75,13 @@ def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, t
     assert os.path.isdir(ckpt)
 
 
-def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path, target):
+def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path, local_target):
     import json
 
     from tests.helpers import commit_info
     from tests.test_lineage import run
+
+    target = local_target  # lineage is not the store's business: local disk only
 
     source = str(tmp_path / "in")
     write_orders(source, "a", [("p1", 5), ("p2", 7)])
