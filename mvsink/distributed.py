@@ -37,7 +37,7 @@ from mvsink.delta import Snapshot
 from mvsink.errors import InvariantViolation
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.index import StoredIndex
-from mvsink.write import Layout, TaskRewrites, file_frame, in_task, task_file
+from mvsink.write import Layout, TaskRewrites, file_frame, in_task, task_files
 
 FILE_NO = "file_no"
 POS = "pos"
@@ -92,21 +92,19 @@ class _IndexReader:
     partition_by: tuple[str, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                file = task_file(row)
-                with in_task(f"indexing {file.path}"):
-                    entry, _ = self.index.load(file, self.schema, self.partition_by)
-                n = len(entry)
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(np.full(n, row[FILE_NO], dtype=np.int64)),
-                        pa.array(np.arange(n, dtype=np.int64)),
-                        pa.array(entry.a),
-                        pa.array(entry.b),
-                    ],
-                    schema=_PERSISTED_ARROW,
-                )
+        for row, file in task_files(batches):
+            with in_task(f"indexing {file.path}"):
+                entry, _ = self.index.load(file, self.schema, self.partition_by)
+            n = len(entry)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(np.full(n, row[FILE_NO], dtype=np.int64)),
+                    pa.array(np.arange(n, dtype=np.int64)),
+                    pa.array(entry.a),
+                    pa.array(entry.b),
+                ],
+                schema=_PERSISTED_ARROW,
+            )
 
 
 @dataclass

@@ -61,7 +61,7 @@ from mvsink.write import (
     file_frame,
     in_task,
     raise_task_errors,
-    task_file,
+    task_files,
 )
 
 FILE = "__mvsink_file"
@@ -407,20 +407,18 @@ class _KeyReader:
     held: tuple[str, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                file = task_file(row)
-                with in_task(f"reading {file.path}"):
-                    rows = self.store.read(file, self.schema, self.partition_by)
-                    a, b = fingerprints(rows)
-                n = rows.num_rows
-                if n == 0:
-                    continue
-                address = [np.full(n, row["file_no"], dtype=np.int64), np.arange(n, dtype=np.int64), a, b]
-                held = rows.select(list(self.held)).columns
-                yield from pa.Table.from_arrays(
-                    [*held, *map(pa.array, address)], schema=self._schema()
-                ).to_batches()
+        for row, file in task_files(batches):
+            with in_task(f"reading {file.path}"):
+                rows = self.store.read(file, self.schema, self.partition_by)
+                a, b = fingerprints(rows)
+            n = rows.num_rows
+            if n == 0:
+                continue
+            address = [np.full(n, row["file_no"], dtype=np.int64), np.arange(n, dtype=np.int64), a, b]
+            held = rows.select(list(self.held)).columns
+            yield from pa.Table.from_arrays(
+                [*held, *map(pa.array, address)], schema=self._schema()
+            ).to_batches()
 
     def _schema(self) -> pa.Schema:
         return pa.schema(

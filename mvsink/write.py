@@ -353,6 +353,13 @@ def task_file(row: dict[str, Any]) -> DataFile:
     return DataFile(row["path"], row["size"], row["rows"], json.loads(row["partition_values"]))
 
 
+def task_files(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[dict[str, Any], DataFile]]:
+    """In a task over a ``file_frame``: each row, with the ``DataFile`` it describes."""
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield row, task_file(row)
+
+
 def raise_task_errors(exc: Exception, where: Where) -> None:
     """Raise the mvsink error a Spark task failed with (``in_task``), if it did."""
     text = str(exc)
@@ -506,18 +513,17 @@ class _TaskRewriter:
     index: StoredIndex | None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                rewrite = Rewrite(task_file(row), None, np.asarray(row["drop"], dtype=np.int64))
-                with in_task(f"rewriting {rewrite.file.path}"):
-                    _, written = _write_kept(
-                        self.store,
-                        self.folder,
-                        rewrite,
-                        self.layout,
-                        self.max_rows_per_file,
-                        Where(),
-                        hash_kept=self.index is not None,
-                    )
-                    _put_entries(self.index, written)
-                yield _report(written, row["file_no"])
+        for row, file in task_files(batches):
+            rewrite = Rewrite(file, None, np.asarray(row["drop"], dtype=np.int64))
+            with in_task(f"rewriting {rewrite.file.path}"):
+                _, written = _write_kept(
+                    self.store,
+                    self.folder,
+                    rewrite,
+                    self.layout,
+                    self.max_rows_per_file,
+                    Where(),
+                    hash_kept=self.index is not None,
+                )
+                _put_entries(self.index, written)
+            yield _report(written, row["file_no"])
