@@ -1,4 +1,4 @@
-"""``mvsink-delta``: a Delta table's appended rows as a Spark stream, version by version.
+"""``mvsink-delta``: a Delta table as a Spark stream, version by version.
 
 A Spark 4 Python data source (no connector jar): register it, then read a Delta table (on
 local disk or an object store) as a stream whose offset is the Delta version::
@@ -11,13 +11,25 @@ local disk or an object store) as a stream whose offset is the Delta version::
               .load())
 
 Each micro-batch reads the versions after the last one it read, up to the latest (at most
-``maxVersionsPerTrigger`` of them when given): the rows of the files each version *adds with a
-data change*. A version that only rearranges rows (a compaction, ``dataChange = false``) adds
-nothing; a version that deletes or rewrites rows is not a pure append and is refused, since its
-removed rows cannot be told apart from rows that stay (use a view over the table instead). The
+``maxVersionsPerTrigger`` of them when given), from ``startingVersion`` (default 0) on. The
 offset, ``{"version": v}``, is the same for every query reading the table, which is what
 replicas need to share a clock. Versions are read from the commit files of the Delta log
-through the sink's I/O layer (``storage.Store``), one input partition per added file.
+through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
+
+- ``"appends"`` (default): the rows of the files each version *adds with a data change*. A
+  version that only rearranges rows (a compaction, ``dataChange = false``) adds nothing; a
+  version that deletes or rewrites rows is not a pure append and is refused, since its removed
+  rows cannot be told apart from rows that stay. One input partition per added file.
+- ``"changes"``: the exact change feed of a table such as a view mvsink keeps. Each version
+  yields the rows it inserted (``diff = +1``) and retracted (``diff = -1``), one row per unit,
+  with its ``_commit_version``: the multiset difference of the rows of the files it adds and
+  removes (``changes.py``), so the untouched rows of a rewritten file do not show up. Summed
+  over versions from 0 the feed is the table; a compaction yields nothing. A version that only
+  adds (or only removes) files is read one partition per file; one that does both is read by
+  one task, which holds the fingerprints of the rows it touches.
+
+Either mode refuses a version that changes the table's schema (start a new query from there)
+and tables whose files do not hold rows as their names say (deletion vectors, column mapping).
 """
 
 from __future__ import annotations
@@ -27,10 +39,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 try:  # Spark 4.2+: read limits and availableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -45,13 +58,18 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
         pass
 
 
+from mvsink.changes import exact_change
 from mvsink.delta import DataFile, check_features, table_root
 from mvsink.errors import InputError, Where
+from mvsink.fingerprint import fingerprints
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store
 
 NAME = "mvsink-delta"
-_OWN = {"path", "maxversionspertrigger", "startingversion"}
+MODES = ("appends", "changes")
+DIFF = "diff"
+VERSION = "_commit_version"
+_OWN = {"path", "maxversionspertrigger", "startingversion", "mode"}
 
 
 def register(spark: Any) -> None:
@@ -66,45 +84,86 @@ class DeltaVersions(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def _settings(self) -> tuple[str, dict[str, str]]:
+    def _settings(self) -> tuple[str, dict[str, str], str]:
         path = self.options.get("path")
         if not path:
             raise InputError("the mvsink-delta source needs option 'path' (the Delta table)")
+        mode = str(self.options.get("mode") or "appends").lower()
+        if mode not in MODES:
+            raise InputError(f"the mvsink-delta source's option 'mode' is one of {MODES}, not {mode!r}")
         storage = {k: str(v) for k, v in self.options.items() if k.lower() not in _OWN}
-        return table_root(str(path)), storage
+        return table_root(str(path)), storage, mode
 
-    def schema(self) -> StructType:
-        root, storage = self._settings()
+    def _table_schema(self) -> StructType:
+        root, storage, _ = self._settings()
         table = DeltaTable(root, storage_options=storage or None)
         # Files of such tables do not hold rows as their names say: refuse, never misread.
         check_features(table, Where(target=root))
         return StructType.fromJson(json.loads(table.schema().to_json()))
 
+    def schema(self) -> StructType:
+        table = self._table_schema()
+        if self._settings()[2] == "appends":
+            return table
+        taken = {f.name.lower() for f in table.fields} & {DIFF, VERSION.lower()}
+        if taken:
+            raise InputError(
+                f"the table at {self._settings()[0]} has column(s) {sorted(taken)}, which the "
+                f"change feed adds ({DIFF!r}, {VERSION!r}): rename them in the view"
+            )
+        return StructType(
+            [*table.fields, StructField(DIFF, LongType(), False), StructField(VERSION, LongType(), False)]
+        )
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        root, storage = self._settings()
+        root, storage, mode = self._settings()
         limit = self.options.get("maxVersionsPerTrigger")
         start = self.options.get("startingVersion")
         return _VersionReader(
-            root, storage, schema, int(limit) if limit else None, int(start) if start else 0
+            Store(root, storage),
+            self._table_schema(),
+            mode == "changes",
+            int(limit) if limit else None,
+            int(start) if start else 0,
         )
 
 
 @dataclass(frozen=True)
-class _AddedFile(InputPartition):
-    """One file a version added: the unit of work of one task."""
-
-    version: int
+class _File:
     path: str
     size: int
     partition_values: Mapping[str, str | None]
 
+    @property
+    def data_file(self) -> DataFile:
+        return DataFile(self.path, self.size, None, dict(self.partition_values))
+
+
+@dataclass(frozen=True)
+class _WholeFile(InputPartition):
+    """Every row of one file a version added (or, in the change feed, removed)."""
+
+    version: int
+    file: _File
+    diff: int
+
+
+@dataclass(frozen=True)
+class _Rewrite(InputPartition):
+    """A version that adds and removes files: the exact change of the two sides (one task)."""
+
+    version: int
+    added: tuple[_File, ...]
+    removed: tuple[_File, ...]
+
 
 class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
-        self, root: str, storage: dict[str, str], schema: StructType, limit: int | None, start: int
+        self, store: Store, table_schema: StructType, changes: bool, limit: int | None, start: int
     ) -> None:
-        self.store = Store(root, storage)
-        self.schema = schema
+        self.store = store
+        self.table_schema = table_schema
+        self.changes = changes
         self.limit = limit
         self.start = start
         self.until: int | None = None  # availableNow: the version latest when the run began
@@ -138,10 +197,16 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         out: list[InputPartition] = []
         for version in range(int(start["version"]) + 1, int(end["version"]) + 1):
-            out.extend(self._added(version))
+            added, removed = self._data_changes(version)
+            if self.changes and added and removed:
+                out.append(_Rewrite(version, tuple(added), tuple(removed)))
+            else:
+                out.extend(_WholeFile(version, f, +1) for f in added)
+                out.extend(_WholeFile(version, f, -1) for f in removed)
         return out
 
-    def _added(self, version: int) -> list[_AddedFile]:
+    def _data_changes(self, version: int) -> tuple[list[_File], list[_File]]:
+        """The files ``version`` adds and removes with a data change, in log order."""
         data = self.store.get(f"_delta_log/{version:020d}.json")
         if data is None:
             raise InputError(
@@ -149,36 +214,75 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "retention passed it): the stream cannot continue from there; start a new query "
                 "with a later startingVersion"
             )
-        added = []
+        added: list[_File] = []
+        removed: list[_File] = []
         for line in data.to_pybytes().decode().splitlines():
             if not line.strip():
                 continue
             action = json.loads(line)
             meta = action.get("metaData")
-            if meta and StructType.fromJson(json.loads(meta["schemaString"])) != self.schema:
+            if meta and StructType.fromJson(json.loads(meta["schemaString"])) != self.table_schema:
                 raise InputError(
                     f"Delta version {version} of {self.store.root} changes the table's schema: the "
                     "stream keeps the schema it started with; start a new query (a new checkpoint) "
                     "from this version to read the new one"
                 )
-            if "remove" in action and action["remove"].get("dataChange", True):
-                raise InputError(
-                    f"Delta version {version} of {self.store.root} removes rows "
-                    f"({action['remove']['path']}): the mvsink-delta source reads appends only"
-                )
-            add = action.get("add")
-            if add and add.get("dataChange", True):
-                added.append(
-                    _AddedFile(version, add["path"], int(add["size"]), add.get("partitionValues") or {})
-                )
-        return added
+            for kind, into in (("add", added), ("remove", removed)):
+                act = action.get(kind)
+                if act and act.get("dataChange", True):
+                    into.append(
+                        _File(act["path"], int(act.get("size") or 0), act.get("partitionValues") or {})
+                    )
+        if removed and not self.changes:
+            raise InputError(
+                f"Delta version {version} of {self.store.root} removes rows ({removed[0].path}): "
+                "the mvsink-delta source reads appends only (option mode='changes' reads the "
+                "exact inserts and retractions)"
+            )
+        return added, removed
+
+    def _rows(self, file: _File, version: int) -> pa.Table:
+        schema = arrow_schema(self.table_schema)
+        try:
+            return self.store.read(file.data_file, schema, list(file.partition_values))
+        except FileNotFoundError:
+            raise InputError(
+                f"file {file.path}, which Delta version {version} of {self.store.root} adds or "
+                "removes, no longer exists (vacuumed): the stream cannot be read from there; "
+                "start a new query with a later startingVersion"
+            ) from None
+
+    def _out(self, rows: pa.Table, version: int, diff: int) -> Iterator[pa.RecordBatch]:
+        if self.changes:
+            n = rows.num_rows
+            rows = rows.append_column(
+                pa.field(DIFF, pa.int64(), nullable=False), pa.array(np.full(n, diff, dtype=np.int64))
+            )
+            rows = rows.append_column(
+                pa.field(VERSION, pa.int64(), nullable=False), pa.array(np.full(n, version, dtype=np.int64))
+            )
+        yield from rows.to_batches()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _AddedFile)
-        file = DataFile(partition.path, partition.size, None, dict(partition.partition_values))
-        schema = arrow_schema(self.schema)
-        rows = self.store.read(file, schema, list(partition.partition_values))
-        yield from rows.to_batches()
+        if isinstance(partition, _WholeFile):
+            yield from self._out(
+                self._rows(partition.file, partition.version), partition.version, partition.diff
+            )
+            return
+        assert isinstance(partition, _Rewrite)
+        # Two passes: the fingerprints of both sides decide which rows carry the change, then
+        # each file is read again and only those rows leave (memory: fingerprints, not rows).
+        fps = [
+            [fingerprints(self._rows(f, partition.version)) for f in side]
+            for side in (partition.added, partition.removed)
+        ]
+        inserts, retracts = exact_change(fps[0], fps[1])
+        for side, masks, diff in ((partition.added, inserts, +1), (partition.removed, retracts, -1)):
+            for file, mask in zip(side, masks, strict=True):
+                if mask.any():
+                    yield from self._out(
+                        self._rows(file, partition.version).filter(pa.array(mask)), partition.version, diff
+                    )
 
     def commit(self, end: dict[str, int]) -> None:
         pass

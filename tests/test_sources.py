@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import random
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.compute
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from mvsink import MVSink
+from mvsink.changes import exact_change
+from mvsink.fingerprint import fingerprints
 from mvsink.sources import register
+from tests.helpers import multiset, removed, target_table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 
@@ -64,3 +72,105 @@ def test_a_schema_change_stops_the_stream_with_a_clear_error(spark, tmp_path, lo
     write_deltalake(local_target, wider, mode="append", schema_mode="merge")
     with pytest.raises(Exception, match="changes the table's schema"):
         drain(spark, local_target, str(tmp_path / "ckpt"))
+
+
+# --- the change feed of a view ---------------------------------------------------------------
+
+
+def feed(spark, target: str, ckpt: str, **options: str) -> list[pa.Table]:
+    """The change feed from ``ckpt`` over what is available, one Arrow table per batch."""
+    register(spark)
+    batches: list[pa.Table] = []
+    reader = spark.readStream.format("mvsink-delta").option("path", target).option("mode", "changes")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    query = reader.load().writeStream.foreachBatch(lambda df, _: batches.append(df.toArrow()))
+    run = query.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    run.awaitTermination(300)
+    assert run.exception() is None, run.exception()
+    return [b for b in batches if b.num_rows]
+
+
+def view_at(spark, epoch: int):
+    """Desired of the test view at ``epoch``: ids drift in and out, values change, duplicates
+    and nulls come and go, and most rows stay as they were."""
+    rng = random.Random(epoch)
+    rows = [(i, None if i % 7 == 0 else f"v{i}") for i in range(epoch, 60 + epoch)]
+    for _ in range(3):
+        k = rng.randrange(len(rows))
+        rows[k] = (rows[k][0], f"changed{epoch}")
+    rows += [rows[rng.randrange(len(rows))] for _ in range(2)]  # duplicates
+    return spark.createDataFrame(rows, "id long, v string")
+
+
+def signed(rows: pa.Table, version: int, diff: int) -> Counter:
+    sel = rows.filter(
+        pa.compute.and_(
+            pa.compute.equal(rows["_commit_version"], version), pa.compute.equal(rows["diff"], diff)
+        )
+    )
+    return multiset(sel, ["id", "v"])
+
+
+def test_the_change_feed_of_a_view_is_exact_per_version_and_sums_to_the_view(spark, tmp_path, local_target):
+    sink = MVSink(local_target, "feed", max_rows_per_file=8)
+    for epoch in range(10):
+        sink(view_at(spark, epoch), epoch)
+    DeltaTable(local_target).optimize.compact()  # rearranges rows: no change
+    last = DeltaTable(local_target).version()
+
+    batches = feed(spark, local_target, str(tmp_path / "ckpt"), maxVersionsPerTrigger="1")
+    rows = pa.concat_tables(batches)
+    assert all(len(set(b["_commit_version"].to_pylist())) == 1 for b in batches)  # one version a batch
+    assert set(rows["diff"].to_pylist()) == {-1, 1}
+    cancelled = 0
+    for v in range(last + 1):
+        before = multiset(target_table(local_target, v - 1), ["id", "v"]) if v else Counter()
+        after = multiset(target_table(local_target, v), ["id", "v"])
+        assert signed(rows, v, +1) == after - before, f"inserts of version {v}"
+        assert signed(rows, v, -1) == before - after, f"retractions of version {v}"
+        if v and removed(local_target, v) and v < last:
+            rewritten = sum(
+                pq.read_metadata(os.path.join(local_target, p)).num_rows for p in removed(local_target, v)
+            )
+            cancelled += rewritten - (before - after).total()
+    assert cancelled > 0  # rewritten files' untouched rows were in the commits, not in the feed
+    total = Counter()
+    for row in rows.to_pylist():
+        total[(row["id"], row["v"])] += row["diff"]
+    assert +total == multiset(target_table(local_target), ["id", "v"]) and not -total
+
+    # Resumed from its checkpoint, the feed reads only what came after.
+    sink(view_at(spark, 10), 10)
+    more = pa.concat_tables(feed(spark, local_target, str(tmp_path / "ckpt")))
+    assert set(more["_commit_version"].to_pylist()) == {last + 1}
+    assert signed(more, last + 1, +1) == multiset(target_table(local_target), ["id", "v"]) - multiset(
+        target_table(local_target, last), ["id", "v"]
+    )
+
+
+def test_the_change_feed_names_a_vacuumed_file_and_a_column_clash(spark, tmp_path, local_target):
+    sink = MVSink(local_target, "feed", max_rows_per_file=8)
+    sink(view_at(spark, 0), 0)
+    sink(view_at(spark, 1), 1)
+    DeltaTable(local_target).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(Exception, match="no longer exists"):
+        feed(spark, local_target, str(tmp_path / "ckpt"))
+    clash = str(tmp_path / "clash")
+    write_deltalake(clash, pa.table({"id": [1], "diff": [2]}))
+    register(spark)
+    with pytest.raises(Exception, match="change feed adds"):
+        spark.readStream.format("mvsink-delta").option("path", clash).option("mode", "changes").load()
+
+
+def test_exact_change_cancels_equal_rows_as_multisets():
+    def fps(values: list[int]):
+        return fingerprints(pa.table({"x": pa.array(values, pa.int64())}))
+
+    # Added: x=1 three times, 2 once; removed: 1 once, 3 twice (in two files).
+    inserts, retracts = exact_change([fps([1, 2, 1]), fps([1])], [fps([3, 1]), fps([3])])
+    assert [m.tolist() for m in inserts] == [[True, True, True], [False]]  # 1 twice (first ones), 2
+    assert [m.tolist() for m in retracts] == [[True, False], [True]]  # 3 twice; 1 cancels
+    assert exact_change([], []) == ([], [])
+    same = fps([5, 5])
+    assert [m.tolist() for side in exact_change([same], [same]) for m in side] == [[False, False]] * 2
