@@ -79,9 +79,6 @@ print(sorted({r.outcome for r in sink.reports}))
 """
 
 
-REPLICAS = 3
-
-
 def desired_at(source: str, version: int) -> Counter:
     rows = pa.table(DeltaTable(source, version=version).to_pyarrow_table()).to_pylist()
     groups: dict[str, list[int]] = {}
@@ -90,7 +87,8 @@ def desired_at(source: str, version: int) -> Counter:
     return Counter((v, len(ids), sum(ids)) for v, ids in groups.items())
 
 
-def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_path, local_target):
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_path, local_target, replicas):
     source = str(tmp_path / "source")
     schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
     write_deltalake(source, pa.table({"id": [0], "v": ["g0"]}, schema=schema))
@@ -98,7 +96,7 @@ def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_p
     script.write_text(REPLICA)
     stop = str(tmp_path / "stop")
     procs, ready = [], []
-    for r in range(REPLICAS):
+    for r in range(replicas):
         ready.append(str(tmp_path / f"ready{r}"))
         procs.append(
             subprocess.Popen(
