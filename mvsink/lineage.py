@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,21 @@ def lineage_of(batch: DataFrame, opts: SinkOptions, where: Where) -> str:
                 where,
             )
         query = recorded
+    if not query and _in_connect_foreach_batch(batch):
+        raise ConfigError(
+            "under Spark Connect the sink cannot see which streaming query runs the batch, so a "
+            "new checkpoint would be taken for a replay and its batches skipped: pass option "
+            "'checkpoint' (the query's checkpointLocation) or 'lineage'",
+            where,
+        )
     return f"query:{query}" if query else DIRECT
+
+
+def _in_connect_foreach_batch(batch: DataFrame) -> bool:
+    """The batch is a Spark Connect ``foreachBatch`` call: the server runs the function in a
+    Python worker it points at itself with ``SPARK_CONNECT_LOCAL_URL``."""
+    remote = type(batch.sparkSession).__module__.startswith("pyspark.sql.connect")
+    return remote and bool(os.environ.get("SPARK_CONNECT_LOCAL_URL"))
 
 
 def _checkpoint_query_id(opts: SinkOptions, where: Where) -> str:

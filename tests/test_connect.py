@@ -64,12 +64,12 @@ def test_upsert_and_append_under_connect(connect, target, placement):
 def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, target):
     source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
     write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 1)])
-    run_available(connect, source, target, ckpt)  # the sink runs next to the server
+    run_available(connect, source, target, ckpt, checkpoint=ckpt)  # the sink runs next to the server
     assert_equal_to(target, expected(connect, source))
     first = frontier(target, "revenue")
     assert first is not None
     write_orders(source, "b", [("p3", 2), ("p2", 1)])
-    run_available(connect, source, target, ckpt)  # a restarted query, from its checkpoint
+    run_available(connect, source, target, ckpt, checkpoint=ckpt)  # restarted from its checkpoint
     assert_equal_to(target, expected(connect, source))
     assert frontier(target, "revenue") > first
     assert os.path.isdir(ckpt)
@@ -95,3 +95,18 @@ def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path
         query = json.load(fh)["id"]
     last = versions(target)[-1]
     assert commit_info(target, last)["mvsink.lineage"] == f"query:{query}"
+
+
+def test_under_connect_a_query_without_checkpoint_or_lineage_is_refused(connect, tmp_path, local_target):
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+    orders = connect.readStream.schema("product string, amount long").csv(source)
+    query = (
+        orders.writeStream.foreachBatch(MVSink(local_target, "raw", mode="append"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="cannot see which streaming query"):
+        query.awaitTermination(300)
+    assert not os.path.exists(os.path.join(local_target, "_delta_log"))  # nothing written

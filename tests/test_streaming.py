@@ -19,10 +19,10 @@ def write_orders(folder: str, name: str, rows: list[tuple[str, int]]) -> None:
     os.rename(tmp, os.path.join(folder, f"{name}.csv"))
 
 
-def run_available(spark, source, target, ckpt):
+def run_available(spark, source, target, ckpt, **options):
     orders = spark.readStream.schema("product string, amount long").csv(source)
     view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
-    sink = MVSink(target, "revenue")
+    sink = MVSink(target, "revenue", **options)
     query = (
         view.writeStream.outputMode("complete")
         .foreachBatch(sink)
