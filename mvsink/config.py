@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mvsink.cadence import Cadence
 from mvsink.delta import REMOTE_SCHEMES
 from mvsink.errors import ConfigError, Where
 
@@ -86,6 +87,14 @@ class SinkOptions(_Frozen):
     allow_gaps: bool = False
     """Upsert and append mode: commit an epoch although epochs between the frontier and it
     were never written (their rows are then missing). By default that is a ``LineageError``."""
+    heartbeat: int | str = "10m"
+    """Complete mode: an epoch with nothing to change commits (a version that only moves the
+    frontier) only when this many epochs, or this long (``"30s"``, ``"10m"``, ``"1h"``), passed
+    since the view's last commit (``cadence.py``). ``0``: every epoch commits. Upsert and
+    append mode commit every epoch."""
+    refresh_every: int | str | None = None
+    """Complete mode: advance the view only every this many epochs, or this often (a
+    duration); epochs in between write nothing. None: every epoch."""
     read_only: bool = False
     """Compute and report corrections but never commit (a standby replica)."""
     max_rows_per_file: int = Field(50_000, ge=1)
@@ -136,6 +145,13 @@ class SinkOptions(_Frozen):
             )
         return v
 
+    @field_validator("heartbeat", "refresh_every")
+    @classmethod
+    def _check_cadence(cls, v: int | str | None) -> int | str | None:
+        if v is not None:
+            Cadence.parse(v)
+        return v
+
     @field_validator("cluster_by")
     @classmethod
     def _check_cluster_by(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -166,6 +182,11 @@ class SinkOptions(_Frozen):
             )
         if self.clock == "source_offsets" and not self.checkpoint:
             raise ValueError("option 'clock': 'source_offsets' needs the 'checkpoint' option")
+        if self.refresh_every is not None and self.mode != "complete":
+            raise ValueError(
+                "option 'refresh_every': only complete mode takes it (an upsert or append batch "
+                "skipped between refreshes would be lost)"
+            )
         if self.partition_by is not None and len(set(self.partition_by)) != len(self.partition_by):
             raise ValueError(f"option 'partition_by': names a column twice: {list(self.partition_by)}")
         return self
@@ -174,6 +195,15 @@ class SinkOptions(_Frozen):
     def new_lineage_policy(self) -> str:
         """``on_new_lineage``, or its default for the mode."""
         return self.on_new_lineage or ("adopt" if self.mode == "complete" else "fail")
+
+    @property
+    def heartbeat_cadence(self) -> Cadence:
+        return Cadence.parse(self.heartbeat)
+
+    @property
+    def refresh(self) -> Cadence | None:
+        """``refresh_every`` parsed (None: every epoch)."""
+        return None if self.refresh_every is None else Cadence.parse(self.refresh_every)
 
     @property
     def app_id(self) -> str:

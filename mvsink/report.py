@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
-Outcome = Literal["committed", "replay", "before_as_of", "read_only", "fenced"]
+Outcome = Literal[
+    "committed", "unchanged", "between_refreshes", "replay", "before_as_of", "read_only", "fenced"
+]
+"""``unchanged``: nothing to change and no heartbeat due, so no version; ``between_refreshes``:
+not a refresh epoch (``refresh_every``), desired not computed (``cadence.py``)."""
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,16 @@ class EpochReport:
     """Seconds spent per step: snapshot, collect, fingerprint, index, diff, read, write, commit
     (and prepare and rules where they ran)."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as one JSON object (the ``mvsink.metrics`` log record): every field above,
+        ``phases`` as an object of seconds. Fields are only ever added."""
+        return {"format": 1, **asdict(self)}
+
     def __str__(self) -> str:
         head = f"view {self.view} epoch {self.epoch}: {self.outcome}"
         if self.outcome == "replay":
             return f"{head} (frontier already {self.lower}; nothing written)"
-        if self.outcome == "before_as_of":
+        if self.outcome in ("before_as_of", "between_refreshes", "unchanged", "fenced", "read_only"):
             return f"{head} (nothing written)"
         where = f" as version {self.version}" if self.version is not None else ""
         return (

@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame
 
 from mvsink.append import Append
+from mvsink.cadence import Cadence, at_key, now_ms
 from mvsink.clock import Time, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
@@ -84,6 +85,8 @@ from mvsink.upsert import Upsert
 from mvsink.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
+metrics = logging.getLogger("mvsink.metrics")
+"""One JSON object per epoch (``EpochReport.to_json``): route it to a metrics pipeline."""
 
 
 class Mode(Protocol):
@@ -200,6 +203,7 @@ class MVSink:
             report = _Epoch(self, batch_df, epoch_id).run()
         self.reports.append(report)
         log.info("%s", report)
+        metrics.info("%s", json.dumps(report.to_json(), sort_keys=True))
         return report
 
 
@@ -285,6 +289,12 @@ class _Epoch:
                     )
                 ctx.drain()
                 return self._report(desc, snap.frontier, None, None, attempt)
+            must = self._must_commit(snap, desc, lineage)
+            refresh = self.opts.refresh
+            if isinstance(desc, BatchDescription) and not must and refresh is not None:  # noqa: SIM102
+                if not self._due(refresh, snap, desc, lineage):
+                    ctx.drain()  # between refreshes: desired is not even computed
+                    return self._report("between_refreshes", snap.frontier, None, None, attempt)
             self._check_gap(desc, committed)
             plan = self.mode.plan(snap, layout)
             if not isinstance(desc, BatchDescription):
@@ -303,6 +313,13 @@ class _Epoch:
                 )
                 if isinstance(plan.inserts, DataFrame):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
+            if not (staged.adds or staged.removes or must) and not self._due(
+                self.opts.heartbeat_cadence, snap, desc, lineage
+            ):
+                # Nothing to change and no heartbeat due: no version (cadence.py).
+                self._discard(staged, plan)
+                ctx.drain()
+                return self._report("unchanged", desc.lower, None, None, attempt)
             try:
                 ctx.drain()
                 if self.sink._before_commit is not None:
@@ -320,7 +337,7 @@ class _Epoch:
                         app_id=opts.app_id,
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,
-                        metadata=self._metadata(desc, staged, lineage),
+                        metadata=self._metadata(desc, staged, lineage, attempt),
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
@@ -369,15 +386,37 @@ class _Epoch:
 
     def _transactions(self, desc: BatchDescription, lineage: Lineage, writers: Writers) -> dict[str, int]:
         """What a commit records besides the frontier: the epoch's time under a shared clock,
-        else its lineage's standing; and the active writer's promotion, again."""
+        else its lineage's standing; the active writer's promotion, again; and when it was
+        made (``cadence.py``)."""
+        at = {at_key(self.opts.app_id): now_ms()}
         if self.time is not None:
-            return {**clock_transactions(self.opts.app_id, self.time), **writers.restamp()}
-        return {**lineage.transactions(desc.upper), **writers.restamp()}
+            return {**clock_transactions(self.opts.app_id, self.time), **writers.restamp(), **at}
+        return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
+
+    def _must_commit(self, snap: Snapshot, desc: BatchDescription | str, lineage: Lineage) -> bool:
+        """Whether this epoch commits even with nothing to change: in upsert and append mode
+        always (the next epoch's gap check takes an uncommitted epoch for a lost one); in
+        complete mode when it creates the table, takes the view over or records its lineage
+        for the first time."""
+        if self.opts.mode != "complete" or not isinstance(desc, BatchDescription) or not snap.exists:
+            return True
+        return desc.takeover or (lineage.owner is None and not desc.clocked)
+
+    def _since(self, snap: Snapshot, desc: BatchDescription, lineage: Lineage) -> int | None:
+        """Epochs since the lineage's last commit (None: not known, e.g. under a shared clock)."""
+        own = lineage.frontier if lineage.owns else None
+        return None if desc.clocked or own is None else desc.upper - own
+
+    def _due(self, cadence: Cadence, snap: Snapshot, desc: BatchDescription, lineage: Lineage) -> bool:
+        last_at = snap.transaction(at_key(self.opts.app_id))
+        return cadence.due(epochs_since=self._since(snap, desc, lineage), last_at_ms=last_at)
 
     def _check_gap(self, desc: BatchDescription | str, committed: Time | None) -> None:
         """Only a complete batch repairs everything: in upsert or append mode, epochs of this
         lineage between the frontier and this one that were never written would be missing
-        rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning)."""
+        rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning). (This is
+        why the heartbeat thins complete mode only: here a version is the proof that an epoch
+        was applied.)"""
         if self.opts.mode == "complete" or not isinstance(desc, BatchDescription):
             return
         if desc.takeover and self.epoch > self.opts.as_of:
@@ -424,7 +463,9 @@ class _Epoch:
             )
         return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
 
-    def _metadata(self, desc: BatchDescription, staged: Staged, lineage: Lineage) -> dict[str, str]:
+    def _metadata(
+        self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int
+    ) -> dict[str, str]:
         taken = {"mvsink.takeover": str((lineage.owner or 0) + 1)} if desc.takeover else {}
         return {
             **taken,
@@ -439,6 +480,8 @@ class _Epoch:
             "mvsink.retracted": str(staged.retracted),
             "mvsink.files_added": str(len(staged.adds)),
             "mvsink.files_removed": str(len(staged.removes)),
+            "mvsink.attempts": str(attempt),
+            "mvsink.seconds": f"{time.monotonic() - self.started:.3f}",
         }
 
     def _report(
