@@ -17,6 +17,9 @@ from mvsink.errors import (
 )
 from mvsink.report import EpochReport
 from mvsink.sink import MVSink, frontier, promote
+from mvsink.status import Status, status
+from mvsink.vacuum import Vacuum, vacuum
+from mvsink.verify import Verification, verify
 
 __version__ = "0.1.0"
 
@@ -35,9 +38,15 @@ __all__ = [
     "RetryPolicy",
     "SchemaMismatchError",
     "SinkOptions",
+    "Status",
     "StorageError",
     "UnsupportedTableError",
+    "Vacuum",
+    "Verification",
     "__version__",
     "frontier",
     "promote",
+    "status",
+    "vacuum",
+    "verify",
 ]

@@ -4,17 +4,24 @@ mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the 
 mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
 mvsink promote TARGET --name NAME --writer WRITER
                                make WRITER the active writer of view NAME (fences the others)
+mvsink status [TARGET] [--name NAME] [--json] [--job JOB.toml]
+                               what the target's log says about its views
+mvsink verify [TARGET] [--name NAME] (--sql QUERY | --job JOB.toml) [--json]
+                               whether the target equals desired (exit 0 equal, 1 different)
+mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
+                               delete unreferenced files, crashed attempts' and stale index entries
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import threading
 from collections.abc import Sequence
 
-from mvsink.errors import MVSinkError
+from mvsink.errors import ConfigError, MVSinkError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,8 +41,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
     )
+    st = sub.add_parser("status", help="per view: frontier, lineage, writer, last commit, lag, files")
+    st.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    st.add_argument("--name", help="one view (default: every view committed recently)")
+    st.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
+    st.add_argument("--history", type=int, default=200, help="commits read for per-commit figures")
+    _target_options(st)
+    ve = sub.add_parser("verify", help="compare the target with desired: exit 0 equal, 1 different, 2 error")
+    ve.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    ve.add_argument("--name", help="the view")
+    ve.add_argument("--sql", help="a Spark SQL query whose result is desired")
+    ve.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
+    _target_options(ve)
+    va = sub.add_parser("vacuum", help="delete what no version within the retention references")
+    va.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    va.add_argument("--retention-hours", type=int, help="default: the table's (7 days); never less")
+    va.add_argument("--apply", action="store_true", help="delete (default: a dry run that only reports)")
+    va.add_argument("--json", action="store_true", help="machine-readable")
+    va.add_argument("--name", help=argparse.SUPPRESS)
+    _target_options(va)
     args = parser.parse_args(argv)
     try:
+        if args.command == "vacuum":
+            from dataclasses import asdict
+
+            from mvsink.vacuum import vacuum
+
+            target, _, options, _ = _target(args)
+            _progress(f"vacuuming {target} ({'apply' if args.apply else 'dry run'}) ...")
+            done = vacuum(target, options, retention_hours=args.retention_hours, apply=args.apply)
+            print(json.dumps({"format": 1, **asdict(done)}, indent=2) if args.json else done)
+            return 0
+        if args.command == "verify":
+            return _verify(args)
+        if args.command == "status":
+            from mvsink.status import status
+
+            target, name, options, small = _target(args)
+            result = status(target, name, options, history=args.history, small_rows=small)
+            print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
+            return 0
         if args.command == "promote":
             from mvsink.sink import promote
 
@@ -53,6 +98,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MVSinkError as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 2
+
+
+def _progress(message: str) -> None:
+    """A progress line on a terminal; nothing when output goes to a file or a pipe."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", help="a TOML job file: target, view and storage options from its [sink]")
+    parser.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
+    )
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
+    """Target, view name, storage options and the small-file threshold (a quarter of the
+    sink's ``max_rows_per_file``) from the arguments, a job file filling in what they omit."""
+    options = dict(o.split("=", 1) for o in args.storage_option)
+    if args.job:
+        from mvsink.job import JobConfig
+
+        sink = JobConfig.load(args.job).sink
+        merged = {**sink.storage_options, **options}
+        return args.target or sink.target, args.name or sink.name, merged, sink.max_rows_per_file // 4
+    if not args.target:
+        raise ConfigError("give the target table (or --job with a job file)")
+    from mvsink.config import SinkOptions
+
+    default_rows = int(SinkOptions.model_fields["max_rows_per_file"].default)
+    return args.target, args.name, options, default_rows // 4
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from mvsink.session import local_session
+    from mvsink.verify import desired_of_job, verify
+
+    if bool(args.sql) == bool(args.job):
+        raise ConfigError("give desired as exactly one of --sql QUERY or --job JOB.toml")
+    target, name, options, _ = _target(args)
+    conf = {}
+    if args.job:
+        from mvsink.job import JobConfig
+
+        job = JobConfig.load(args.job)
+        conf = {k: v for k, v in job.spark.items() if k != "spark.master"}
+    # Spark's console progress bar on a terminal only.
+    conf["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
+    _progress(f"verifying {target} ...")
+    spark = local_session("mvsink-verify", conf=conf)
+    with tempfile.TemporaryDirectory(prefix="mvsink-verify-") as scratch:
+        desired = spark.sql(args.sql) if args.sql else desired_of_job(spark, job, scratch)
+        result = verify(desired, target, name, options)
+    print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) if args.json else result)
+    return 0 if result.equal else 1
 
 
 def _run(path: str | None, epochs: int | None, verbose: bool) -> int:

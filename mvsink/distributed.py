@@ -37,6 +37,7 @@ from mvsink.delta import Snapshot
 from mvsink.errors import InvariantViolation
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.index import StoredIndex
+from mvsink.storage import Store
 from mvsink.write import Layout, TaskRewrites, file_frame, in_task, task_files
 
 FILE_NO = "file_no"
@@ -81,6 +82,29 @@ def persisted_rows(spark: Any, snap: Snapshot, index: StoredIndex, layout: Layou
     return file_frame(spark, snap.files).mapInArrow(
         _IndexReader(index, layout.arrow, snap.partition_by), _PERSISTED
     )
+
+
+def stored_rows(spark: Any, snap: Snapshot, store: Store, layout: Layout) -> DataFrame:
+    """Every stored row of ``snap``'s files, with its fingerprint, read by tasks: the table's
+    columns then ``FP_A``, ``FP_B`` (the schema ``with_fingerprints`` gives desired)."""
+    schema = StructType([*layout.struct.fields, StructField(FP_A, LongType()), StructField(FP_B, LongType())])
+    return file_frame(spark, snap.files).mapInArrow(_RowReader(store, layout, snap.partition_by), schema)
+
+
+@dataclass(frozen=True)
+class _RowReader:
+    """Runs in a Spark task: each file's rows and their fingerprints."""
+
+    store: Store
+    layout: Layout
+    partition_by: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _, file in task_files(batches):
+            with in_task(f"reading {file.path}"):
+                rows = self.store.read(file, self.layout.arrow, self.partition_by)
+                a, b = fingerprints(rows)
+            yield from rows.append_column(FP_A, pa.array(a)).append_column(FP_B, pa.array(b)).to_batches()
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,20 @@ class Store:
         infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
         return [self._relative(i.path) for i in infos if i.type == pafs.FileType.File]
 
+    def listing(self, folder: str) -> dict[str, tuple[int, float]]:
+        """``files(folder)`` with each file's size and modification time (seconds since 1970)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        return {
+            self._relative(i.path): (int(i.size or 0), i.mtime.timestamp() if i.mtime else 0.0)
+            for i in infos
+            if i.type == pafs.FileType.File
+        }
+
+    def sizes(self, paths: Sequence[str]) -> dict[str, int]:
+        """The sizes of those of ``paths`` that exist."""
+        infos = self.fs.get_file_info(list(paths)) if paths else []
+        return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
+
     def delete(self, paths: Iterable[str]) -> None:
         """Delete files; one already gone is no error."""
         fs = self.fs

@@ -1,0 +1,109 @@
+"""Vacuum: delete what no version within the retention can reference. Dry run by default.
+
+Three kinds of leftovers, and why deleting each cannot lose data:
+
+* **Data files** no longer in the table: delegated to delta-rs's full vacuum, which deletes a
+  file only if the latest version does not reference it and it left the table (or, never
+  committed, was last written) longer ago than the retention. The retention defaults to the
+  table's ``delta.deletedFileRetentionDuration`` (7 days) and cannot be set below it: a
+  shorter one could delete the staged files of an attempt about to commit, or files a
+  reader of a recent version still needs.
+* **Staged folders of attempts that never committed** (``mvsink-<view>-e<epoch>-<id>``, left
+  by a crash): the same rule, since their files are data files no version references.
+* **Index entries** (``_mvsink/<view>/index/``, which Delta's vacuum never looks into) of files
+  that left the table, or of an old table layout: an entry is only ever a cache of a file's
+  fingerprints, so deleting one costs at worst a re-read. Entries written in the last hour are
+  kept, so an attempt in flight does not have to recompute its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from mvsink.delta import Snapshot, load_snapshot
+from mvsink.errors import ConfigError, Where
+from mvsink.index import HIDDEN, StoredIndex
+from mvsink.schema import target_struct
+from mvsink.storage import Store
+from mvsink.write import Layout
+
+FRESH_SECONDS = 3600.0
+"""Index entries younger than this are kept (an attempt in flight may have just written them)."""
+
+
+@dataclass(frozen=True)
+class Vacuum:
+    """What a vacuum deleted (``applied``) or would delete (a dry run)."""
+
+    target: str
+    applied: bool
+    retention_hours: int | None
+    """None: the table's own retention."""
+    data_files: tuple[str, ...]
+    data_bytes: int
+    index_entries: tuple[str, ...]
+    index_bytes: int
+
+    def __str__(self) -> str:
+        verb = "deleted" if self.applied else "would delete (dry run; --apply to delete)"
+        staged = sum(1 for p in self.data_files if p.startswith("mvsink-"))
+        return (
+            f"{self.target}: {verb} {len(self.data_files):,} data file(s), {self.data_bytes:,} bytes "
+            f"({staged:,} of them staged by attempts that never committed), and "
+            f"{len(self.index_entries):,} index entries, {self.index_bytes:,} bytes"
+        )
+
+
+def vacuum(
+    target: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    retention_hours: int | None = None,
+    apply: bool = False,
+) -> Vacuum:
+    """Vacuum the Delta table at ``target`` (see the module doc); only a dry run unless ``apply``."""
+    options = dict(storage_options or {})
+    where = Where(None, target)
+    snap = load_snapshot(target, "mvsink:", options, where)
+    if not snap.exists:
+        raise ConfigError("there is no Delta table to vacuum", where)
+    store = Store(snap.root, options)
+    table = DeltaTable(snap.root, storage_options=options or None)
+    try:
+        found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
+        sizes = store.sizes(found)
+        data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
+    except DeltaError as exc:
+        raise ConfigError(f"vacuum refused: {exc}", where) from None
+    entries = _stale_entries(store, snap)
+    if apply:
+        store.delete(entries)
+    return Vacuum(
+        target=target,
+        applied=apply,
+        retention_hours=retention_hours,
+        data_files=tuple(sorted(data)),
+        data_bytes=sum(sizes.get(p, 0) for p in data),
+        index_entries=tuple(sorted(entries)),
+        index_bytes=sum(entries.values()),
+    )
+
+
+def _stale_entries(store: Store, snap: Snapshot) -> dict[str, int]:
+    """Index entries of no live file under the table's current layout, older than an hour."""
+    assert snap.schema_json is not None
+    arrow = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by).arrow
+    listed = store.listing(HIDDEN)
+    views = {p.split("/")[1] for p in listed if p.count("/") >= 3 and p.split("/")[2] == "index"}
+    keep = {StoredIndex.of(store, v, arrow).path(f.key) for v in views for f in snap.files}
+    now = time.time()
+    return {
+        p: size
+        for p, (size, mtime) in listed.items()
+        if p.split("/")[2:3] == ["index"] and p not in keep and now - mtime > FRESH_SECONDS
+    }

@@ -1,0 +1,179 @@
+"""Operations: status, the metrics log record, verify, vacuum."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+
+from mvsink import MVSink, promote, status
+from mvsink.cli import main
+from mvsink.vacuum import vacuum
+from mvsink.verify import verify
+from tests.helpers import assert_equal_to, once, removed, versions
+from tests.test_sink import foreign_append, people
+from tests.test_streaming import expected, write_orders
+
+
+def test_status_reads_frontier_last_commit_lag_races_and_files(spark, target, capsys):
+    sink = MVSink(target, "people", writer="blue", max_rows_per_file=4)
+    sink(people(spark, range(10)), 0)
+    # Epoch 1 loses one commit race to a foreign writer, then lands.
+    sink._before_commit = once(lambda: foreign_append(target, [{"id": 99, "name": "rogue", "x": 0.0}]))
+    report = sink(people(spark, range(12)), 1)
+    assert report.attempts == 2
+    foreign_append(target, [{"id": 98, "name": "later", "x": 0.0}])  # the view is one version behind
+    promote(target, "people", "green")
+
+    got = status(target)
+    assert got.table_version == versions(target)[-1]
+    (view,) = got.views
+    assert view.view == "people" and view.frontier == 2
+    last = view.last_commit
+    assert last is not None and last.version == report.version and last.epoch == 1
+    assert (last.inserted, last.retracted) == (report.inserted, report.retracted)
+    assert last.writer == "blue" and last.lineage == "direct"
+    assert view.versions_behind == 2  # the foreign append and the promotion
+    assert (view.commits, view.retried_commits, view.conflicts) == (2, 1, 1)
+    assert view.active_writer == "green" and view.owner_generation == 1
+    assert got.rows == 13 and got.files >= 4 and got.small_files == got.files  # all under 12,500 rows
+
+    # The CLI's --json is the same figures, as documented.
+    assert main(["status", target, "--name", "people", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["format"] == 1 and printed["views"][0]["last_commit"]["epoch"] == 1
+    assert printed["views"][0]["frontier"] == 2 and printed["rows"] == 13
+    assert main(["status", target]) == 0
+    assert "view people: frontier 2" in capsys.readouterr().out
+
+
+def test_status_of_a_missing_table_and_a_bad_invocation(tmp_path, capsys):
+    assert status(str(tmp_path / "none")).table_version is None
+    assert main(["status"]) == 2
+    assert "give the target" in capsys.readouterr().err
+
+
+def test_each_epoch_is_one_json_metrics_record(spark, local_target, caplog):
+    sink = MVSink(local_target, "m", heartbeat="1h")
+    with caplog.at_level(logging.INFO, logger="mvsink.metrics"):
+        sink(people(spark, range(5)), 0)
+        sink(people(spark, range(5)), 1)
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "mvsink.metrics"]
+    assert [(r["epoch"], r["outcome"]) for r in records] == [(0, "committed"), (1, "unchanged")]
+    assert records[0]["inserted"] == 5 and records[0]["version"] == 0 and "commit" in records[0]["phases"]
+
+
+def test_verify_counts_and_samples_missing_and_extra_rows(spark, target):
+    sink = MVSink(target, "people")
+    desired = people(spark, range(30))
+    sink(desired, 0)
+    same = verify(desired, target, "people")
+    assert same.equal and same.target_rows == same.desired_rows == 30
+    # A rogue duplicate of a real row and a rogue row in; nothing out.
+    foreign_append(target, [{"id": 3, "name": "n3", "x": 1.5}, {"id": 77, "name": "rogue", "x": 0.0}])
+    bigger = people(spark, range(32))  # desired has two rows the target lacks
+    got = verify(bigger, target, "people")
+    assert not got.equal and (got.missing, got.extra) == (2, 2)
+    assert sorted(r["id"] for r in got.missing_sample) == [30, 31]
+    assert sorted(r["id"] for r in got.extra_sample) == [3, 77]
+
+
+def test_verify_cli_exit_codes_with_sql_and_a_job_file(spark, tmp_path, local_target, capsys):
+    sink = MVSink(local_target, "people")
+    sink(people(spark, range(5)), 0)
+    spark.range(5).selectExpr("id", "concat('n', id) as name", "id / 2 as x").createOrReplaceTempView("want")
+    assert main(["verify", local_target, "--name", "people", "--sql", "SELECT * FROM want"]) == 0
+    assert "equals desired" in capsys.readouterr().out
+    assert main(["verify", local_target, "--sql", "SELECT * FROM want WHERE id < 4", "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["equal"] is False and printed["extra"] == 1 and printed["extra_sample"][0]["id"] == 4
+    assert main(["verify", local_target, "--sql", "SELECT 1 AS other"]) == 2  # does not fit the table
+    assert "mvsink:" in capsys.readouterr().err
+
+    # A job file: its query is run once over what its source holds now.
+    source = tmp_path / "in"
+    write_orders(str(source), "a", [("p1", 5), ("p2", 7), ("p1", 1)])
+    view = tmp_path / "revenue-view"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""
+[job]
+query = "tests.test_operations:orders_revenue"
+checkpoint = "{tmp_path / "ckpt"}"
+epochs = 1
+show = false
+
+[sink]
+target = "{view}"
+name = "revenue"
+"""
+    )
+    MVSink(str(view), "revenue")(expected(spark, str(source)), 0)
+    os.environ["MVSINK_TEST_ORDERS"] = str(source)  # the job's query module is imported anew
+    assert main(["verify", "--job", str(job)]) == 0
+    write_orders(str(source), "b", [("p3", 2)])  # the source moved on; the view did not
+    assert main(["verify", "--job", str(job)]) == 1
+    assert "1 row(s) missing" in capsys.readouterr().out
+
+
+def orders_revenue(spark):
+    orders = spark.readStream.schema("product string, amount long").csv(os.environ["MVSINK_TEST_ORDERS"])
+    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+
+
+def _age(path: str, days: float) -> None:
+    old = time.time() - days * 86400
+    os.utime(path, (old, old))
+
+
+def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark, local_target, capsys):
+    sink = MVSink(local_target, "people", max_rows_per_file=5)
+    sink(people(spark, range(20)), 0)
+    sink(people(spark, range(3, 20)), 1)  # rewrites a file: its old one is removed, recently
+    removed_recently = set(removed(local_target, 1))
+    assert removed_recently
+    # A crashed attempt's staged file from 10 days ago, and one of an attempt in flight.
+    crashed = os.path.join(local_target, "mvsink-people-e7-0123456789ab", "part-0.parquet")
+    in_flight = os.path.join(local_target, "mvsink-people-e9-ba9876543210", "part-0.parquet")
+    for path in (crashed, in_flight):
+        os.makedirs(os.path.dirname(path))
+        pq.write_table(pa.table({"id": [1]}), path)
+    _age(crashed, 10)
+    # Index entries: one of a file that left the table, one of an old layout; both old.
+    index = os.path.join(local_target, "_mvsink", "people", "index")
+    (digest,) = os.listdir(index)
+    stale = [os.path.join(index, digest, "0" * 32 + ".parquet"), os.path.join(index, "0" * 16, "x.parquet")]
+    for path in stale:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pq.write_table(pa.table({"a": [1], "b": [2]}), path)
+        _age(path, 2)
+    live_entries = {p for p in _files(index) if p not in stale}
+    assert live_entries
+
+    plan = vacuum(local_target)
+    assert not plan.applied and plan.data_files == ("mvsink-people-e7-0123456789ab/part-0.parquet",)
+    assert plan.data_bytes == os.path.getsize(crashed)
+    assert {os.path.join(local_target, p) for p in plan.index_entries} == set(stale)
+    assert os.path.exists(crashed) and all(os.path.exists(p) for p in stale)  # a dry run
+
+    assert main(["vacuum", local_target, "--apply"]) == 0
+    assert "deleted 1 data file(s)" in capsys.readouterr().out
+    assert not os.path.exists(crashed) and not any(os.path.exists(p) for p in stale)
+    assert os.path.exists(in_flight) and live_entries <= _files(index)
+    assert all(os.path.exists(os.path.join(local_target, p)) for p in removed_recently)  # in retention
+    assert_equal_to(local_target, people(spark, range(3, 20)))
+    sink(people(spark, range(5, 20)), 2)  # the sink goes on
+    assert_equal_to(local_target, people(spark, range(5, 20)))
+
+    # A retention below the table's is refused, and nothing is deleted.
+    assert main(["vacuum", local_target, "--retention-hours", "1", "--apply"]) == 2
+    assert "refused" in capsys.readouterr().err and os.path.exists(in_flight)
+
+
+def _files(folder: str) -> set[str]:
+    return {os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs}
