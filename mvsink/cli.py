@@ -8,6 +8,8 @@ mvsink status [TARGET] [--name NAME] [--json] [--job JOB.toml]
                                what the target's log says about its views
 mvsink verify [TARGET] [--name NAME] (--sql QUERY | --job JOB.toml) [--json]
                                whether the target equals desired (exit 0 equal, 1 different)
+mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
+                               merge small files through the sink's strict commit
 mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
                                delete unreferenced files, crashed attempts' and stale index entries
 """
@@ -60,8 +62,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     va.add_argument("--json", action="store_true", help="machine-readable")
     va.add_argument("--name", help=argparse.SUPPRESS)
     _target_options(va)
+    co = sub.add_parser("compact", help="merge a view's small files (a commit that changes no row)")
+    co.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    co.add_argument("--name", help="the view (its index entries are carried over)")
+    co.add_argument("--max-rows-per-file", type=int, help="default: the job's, or 50,000")
+    co.add_argument("--cluster-by", default="", help="comma-separated columns to sort rows by")
+    _target_options(co)
     args = parser.parse_args(argv)
     try:
+        if args.command == "compact":
+            from mvsink.compact import compact
+
+            target, name, options, small = _target(args)
+            if not name:
+                raise ConfigError("give the view: --name NAME (or --job)")
+            rows = args.max_rows_per_file or small * 4
+            _progress(f"compacting {target} ...")
+            cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
+            print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
+            return 0
         if args.command == "vacuum":
             from dataclasses import asdict
 

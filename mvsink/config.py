@@ -102,6 +102,9 @@ class SinkOptions(_Frozen):
     changed row costs rewriting the rest of its file. Small files keep corrections small (1%
     of a 1M-row view changed in key order writes about 5% of the view's bytes); for views of
     hundreds of millions of rows raise it, to keep the file count (and the log) small."""
+    compact_every: int | None = Field(None, ge=1)
+    """Merge small files (``compact.py``) after every this many committed epochs; its own
+    strict commit, which changes no row. None: never (run ``mvsink compact``)."""
     cluster_by: tuple[str, ...] = ()
     """Columns to sort inserted rows by, so rows that change together share few files."""
     cache_desired: bool = True

@@ -258,10 +258,14 @@ def compare_and_append(
     partition_by: Sequence[str],
     where: Where,
     transactions: Mapping[str, int] | None = None,
+    data_change: bool = True,
     _after_call: Callable[[], None] | None = None,
 ) -> int:
     """Commit ``adds``, ``removes`` and the frontier ``upper`` (None: left as it is) as one
     Delta version.
+
+    ``data_change=False`` marks a commit that moves rows without changing them (a compaction:
+    streaming readers skip it).
 
     Strict: it lands only if no commit at all landed since ``snap`` (delta-rs retries are
     off, because its rebase turns our removes of concurrently compacted files into silent
@@ -279,7 +283,9 @@ def compare_and_append(
     """
     version = 0 if snap.version is None else snap.version + 1
     now = int(time.time() * 1000)
-    add_actions = [AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats) for f in adds]
+    add_actions = [
+        AddAction(f.path, f.size, dict(f.partition_values), now, data_change, f.stats) for f in adds
+    ]
     props = CommitProperties(
         custom_metadata={**metadata, ATTEMPT_KEY: attempt_id},
         max_commit_retries=0,
@@ -291,7 +297,7 @@ def compare_and_append(
     remove_actions = [
         RemoveAction(
             path=f.key,
-            data_change=True,
+            data_change=data_change,
             deletion_timestamp=now,
             size=f.size,
             partition_values=dict(f.partition_values) or None,

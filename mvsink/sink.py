@@ -65,6 +65,7 @@ from mvsink.errors import (
     InputError,
     InvariantViolation,
     LineageError,
+    MVSinkError,
     RetriesExhaustedError,
     Where,
 )
@@ -187,6 +188,25 @@ class MVSink:
             promote(self.target, self.name, self.options.writer, self.options.storage_options)
             self._read_only = False
 
+    def _compact(self, where: Where) -> None:
+        """Merge small files after a committed epoch (``compact_every``). The epoch is
+        committed whatever happens here: a failure is a WARNING, never the epoch's error."""
+        from mvsink.compact import compact
+
+        opts = self.options
+        try:
+            done = compact(
+                opts.target,
+                opts.name,
+                opts.storage_options,
+                max_rows_per_file=opts.max_rows_per_file,
+                cluster_by=opts.cluster_by,
+                retry=opts.retry,
+            )
+            log.info("%s: %s", where, done)
+        except MVSinkError as exc:
+            log.warning("%s: compaction after the epoch failed (the epoch is committed): %s", where, exc)
+
     def frontier(self) -> int | None:
         """The target's frontier for this view (None before the first commit)."""
         return read_frontier(self.target, self.options.app_id, self.options.storage_options)
@@ -201,6 +221,9 @@ class MVSink:
                 self.store.probe(where)
                 self._probed = True
             report = _Epoch(self, batch_df, epoch_id).run()
+            every = self.options.compact_every
+            if every and report.outcome == "committed" and (epoch_id + 1) % every == 0:
+                self._compact(where)
         self.reports.append(report)
         log.info("%s", report)
         metrics.info("%s", json.dumps(report.to_json(), sort_keys=True))

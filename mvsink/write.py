@@ -188,7 +188,7 @@ def stage(
                     for r in plan.rewrites
                 ]
             if isinstance(plan.inserts, pa.Table):
-                rows, fps = _clustered(plan.inserts, plan.insert_fps, cluster_by)
+                rows, fps = clustered(plan.inserts, plan.insert_fps, cluster_by)
                 written += store.write(folder, rows, parts, max_rows_per_file, fps)
             elif plan.inserts is not None:
                 written += write_frame(
@@ -254,7 +254,7 @@ def _discard(store: Store, folder: str, index: StoredIndex | None, written: list
         index.forget(w.file.path for w in written)
 
 
-def _clustered(
+def clustered(
     rows: pa.Table, fps: tuple[I64, I64] | None, cluster_by: Sequence[str]
 ) -> tuple[pa.Table, tuple[I64, I64] | None]:
     """Rows (and their fingerprints) sorted by ``cluster_by``, so rows that change together
