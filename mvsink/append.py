@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from mvsink.context import EpochContext
 from mvsink.delta import Snapshot
 from mvsink.fingerprint import quote
-from mvsink.rules import table_rules
+from mvsink.rules import rules_for
 from mvsink.write import Layout, Plan, Staged
 
 
@@ -26,7 +26,7 @@ class Append:
         self.cached: DataFrame | None = None
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
-        rules = table_rules(snap, self.ctx.where)
+        rules = rules_for(snap, self.ctx.opts, self.ctx.where)
         rows = self.cached or self.ctx.batch
         if rules and self.cached is None:
             self.cached = rows = self.ctx.batch.persist(StorageLevel.MEMORY_AND_DISK)

@@ -32,7 +32,7 @@ from mvsink.delta import Snapshot
 from mvsink.distributed import SparkCorrection, correction, persisted_rows, with_fingerprints
 from mvsink.fingerprint import fingerprints, quote
 from mvsink.index import PersistedIndex, StoredIndex
-from mvsink.rules import RULE, Rules, raise_broken, table_rules
+from mvsink.rules import RULE, Rules, raise_broken, rules_for
 from mvsink.write import Layout, Plan, Rewrite, Staged, raise_task_errors
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class Complete:
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx = self.ctx
         self._release_attempt()
-        rules = table_rules(snap, ctx.where)
+        rules = rules_for(snap, ctx.opts, ctx.where)
         self.stored = StoredIndex.of(ctx.store, ctx.opts.name, layout.arrow)
         if not snap.files and self.rows is None and self.hashed is None:
             return self._initial_load(layout, rules)

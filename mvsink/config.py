@@ -95,6 +95,18 @@ class SinkOptions(_Frozen):
     refresh_every: int | str | None = None
     """Complete mode: advance the view only every this many epochs, or this often (a
     duration); epochs in between write nothing. None: every epoch."""
+    not_null: tuple[str, ...] = ()
+    """The view's rule: these columns (``a.b`` for a struct field) are never null."""
+    checks: tuple[str, ...] = ()
+    """The view's rules: SQL boolean expressions every row keeps (``"amount >= 0"``); named
+    ``check_1``, ``check_2`` ... in messages. A null result breaks the rule, as in Delta."""
+    on_error: Literal["fail", "table"] = "fail"
+    """Rows breaking a rule (the view's or the target table's): ``fail``, the epoch fails with an
+    ``InputError`` naming the rule and commits nothing; ``table`` (complete and append mode),
+    they go, with the rule they broke, to the errors table (``quarantine.py``) and the view
+    gets the other rows."""
+    errors_target: str | None = None
+    """With ``on_error = "table"``: the errors table. Default: the target's path + ``_errors``."""
     read_only: bool = False
     """Compute and report corrections but never commit (a standby replica)."""
     max_rows_per_file: int = Field(50_000, ge=1)
@@ -185,6 +197,13 @@ class SinkOptions(_Frozen):
             )
         if self.clock == "source_offsets" and not self.checkpoint:
             raise ValueError("option 'clock': 'source_offsets' needs the 'checkpoint' option")
+        if self.on_error == "table" and self.mode == "upsert":
+            raise ValueError(
+                "option 'on_error': 'table' takes complete or append mode (an upsert batch holds "
+                "only the changed keys, so the errors table could not be kept equal to them)"
+            )
+        if self.errors_target is not None and self.on_error != "table":
+            raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
         if self.refresh_every is not None and self.mode != "complete":
             raise ValueError(
                 "option 'refresh_every': only complete mode takes it (an upsert or append batch "

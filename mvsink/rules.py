@@ -1,6 +1,8 @@
-"""The target's own rules: what a table created by someone else may demand of its rows.
+"""Rules rows must keep: the view's (options ``not_null``, ``checks``) and the target's own.
 
-A Delta table can declare NOT NULL columns and CHECK constraints (``delta.constraints.<name>``
+What to do with rows that break them is ``on_error``'s business (``quarantine.py``); here
+they are found. The target's rules are what a table created by someone else may demand: a
+Delta table can declare NOT NULL columns and CHECK constraints (``delta.constraints.<name>``
 in its properties); every Delta writer must refuse rows that break them, or readers answer
 wrong (Spark folds ``col IS NULL`` to false on a NOT NULL column). mvsink enforces both on the
 rows it would store: a row that breaks one is an ``InputError`` naming the rule and the epoch,
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -25,6 +27,9 @@ from pyspark.sql import functions as F
 from mvsink.delta import Snapshot
 from mvsink.errors import InputError, UnsupportedTableError, Where
 from mvsink.fingerprint import quote
+
+if TYPE_CHECKING:
+    from mvsink.config import SinkOptions
 
 RULE = "__mvsink_rule"
 """Column naming the first rule a row breaks (null: none)."""
@@ -40,6 +45,12 @@ class Rules:
 
     def __bool__(self) -> bool:
         return bool(self.not_null or self.checks)
+
+    def __add__(self, other: Rules) -> Rules:
+        return Rules(
+            tuple(dict.fromkeys(self.not_null + other.not_null)),
+            tuple(dict.fromkeys(self.checks + other.checks)),
+        )
 
     def broken(self) -> Column:
         """The name of the first rule a row breaks, or null; aliased ``RULE``."""
@@ -63,6 +74,21 @@ def _is_null(path: Sequence[str]) -> Column:
         present = present & col.isNotNull()
         col = col.getField(name)
     return present & col.isNull()
+
+
+def rules_for(snap: Snapshot, opts: SinkOptions, where: Where) -> Rules:
+    """The rules an epoch's rows must keep: the view's (options ``not_null`` and ``checks``)
+    and the target table's."""
+    return view_rules(opts) + table_rules(snap, where)
+
+
+def view_rules(opts: SinkOptions) -> Rules:
+    """The view's own rules: ``not_null`` column paths (``a.b`` for a struct field) and
+    ``checks``, SQL boolean expressions named ``check_1``, ``check_2`` ... in order."""
+    return Rules(
+        tuple(tuple(path.split(".")) for path in opts.not_null),
+        tuple((f"check_{i}", expression) for i, expression in enumerate(opts.checks, 1)),
+    )
 
 
 def table_rules(snap: Snapshot, where: Where) -> Rules:
@@ -124,7 +150,8 @@ def raise_broken(rows: DataFrame, rules: Rules, rule: str, where: Where) -> None
     sample = rows.select("*", rules.broken()).where(F.col(RULE) == rule).drop(RULE).limit(3).collect()
     shown = "; ".join(str(r.asDict()) for r in sample)
     raise InputError(
-        f"rows break the target's rule {rule}, e.g. {shown}. The target enforces it, so the "
-        "view cannot hold them: fix or filter them in the query. Nothing was committed.",
+        f"rows break the rule {rule}, e.g. {shown}. The view cannot hold them: fix or filter "
+        "them in the query, or set on_error='table' to keep them in the errors table. Nothing "
+        "was committed.",
         where,
     )

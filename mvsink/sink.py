@@ -72,6 +72,7 @@ from mvsink.errors import (
 from mvsink.index import PersistedIndex
 from mvsink.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.mint import BatchDescription, mint
+from mvsink.quarantine import Quarantine, check_expressions
 from mvsink.report import EpochReport
 from mvsink.schema import (
     check_fits,
@@ -121,6 +122,7 @@ class MVSink:
         self._lock = threading.Lock()
         self._probed = False
         self._seen_lineage: str | None = None
+        self._errors: Quarantine | None = None  # on_error = "table": the errors table's sink
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -188,6 +190,19 @@ class MVSink:
             promote(self.target, self.name, self.options.writer, self.options.storage_options)
             self._read_only = False
 
+    def _with_errors_table(self, batch_df: DataFrame, epoch_id: int, where: Where) -> EpochReport:
+        """Split the batch (``quarantine.py``): error rows to the errors table first, then the
+        other rows to the view, each table by its own sink discipline."""
+        if self._errors is None:
+            self._errors = Quarantine(self.options)
+        marked, ok, bad = self._errors.split(batch_df, self.options, where)
+        try:
+            self._errors.sink._read_only = self._read_only
+            self._errors.run(bad, epoch_id)
+            return _Epoch(self, ok, epoch_id).run()
+        finally:
+            marked.unpersist()
+
     def _compact(self, where: Where) -> None:
         """Merge small files after a committed epoch (``compact_every``). The epoch is
         committed whatever happens here: a failure is a WARNING, never the epoch's error."""
@@ -220,7 +235,12 @@ class MVSink:
             if not self._probed:
                 self.store.probe(where)
                 self._probed = True
-            report = _Epoch(self, batch_df, epoch_id).run()
+            if self.options.checks:
+                check_expressions(batch_df, self.options, where)
+            if self.options.on_error == "table":
+                report = self._with_errors_table(batch_df, epoch_id, where)
+            else:
+                report = _Epoch(self, batch_df, epoch_id).run()
             every = self.options.compact_every
             if every and report.outcome == "committed" and (epoch_id + 1) % every == 0:
                 self._compact(where)

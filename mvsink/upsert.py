@@ -49,7 +49,7 @@ from mvsink.distributed import with_fingerprints
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.prune import candidate_files, files_in_ranges
-from mvsink.rules import table_rules
+from mvsink.rules import rules_for
 from mvsink.storage import Store
 from mvsink.write import (
     IO_THREADS,
@@ -176,7 +176,7 @@ class Upsert:
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx, schema = self.ctx, layout.struct
-        rules = table_rules(snap, ctx.where)
+        rules = rules_for(snap, ctx.opts, ctx.where)
         with ctx.phase("prepare"):
             if self.ranked is None:
                 self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)

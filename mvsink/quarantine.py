@@ -1,0 +1,90 @@
+"""Error rows: rows that break a rule neither vanish nor poison the view (``on_error``).
+
+With ``on_error = "fail"`` (the default) a row breaking a rule fails the epoch
+(``rules.raise_broken``): an ``InputError`` naming the rule, a sample of rows and the epoch,
+and nothing committed.
+
+With ``on_error = "table"`` each epoch is split once (the batch marked with the first rule
+each row breaks, and cached): the rows that keep every rule go to the view, and the others,
+with the rule in column ``mvsink_rule``, to the **errors table** beside it
+(``errors_target``, default ``<target>_errors``). The errors table is kept by a second sink of
+the same view name, mode, epoch and lineage, so it follows the same discipline: in complete
+mode it equals the current error rows (an error that disappears from desired disappears from
+it), in append mode it gets each epoch's error rows once; and it carries the same frontier.
+It is committed before the view, so a crash in between leaves the errors table one epoch
+ahead, and the replayed epoch completes the view (each table replays on its own).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from mvsink.config import SinkOptions
+from mvsink.delta import load_snapshot
+from mvsink.errors import ConfigError, Where
+from mvsink.rules import RULE, Rules, rules_for
+
+if TYPE_CHECKING:
+    from mvsink.report import EpochReport
+    from mvsink.sink import MVSink
+
+ERROR_RULE = "mvsink_rule"
+"""The errors table's column naming the rule a row broke."""
+
+
+def errors_target(opts: SinkOptions) -> str:
+    return opts.errors_target or opts.target.rstrip("/") + "_errors"
+
+
+def check_expressions(batch: DataFrame, opts: SinkOptions, where: Where) -> None:
+    """Each of the ``checks`` options is a boolean SQL expression over the batch's columns."""
+    for i, expression in enumerate(opts.checks, 1):
+        try:
+            kind = batch.select(F.expr(expression).alias("c")).schema["c"].dataType.typeName()
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"option 'checks' ({i}: {expression!r}) is not an SQL expression over the view's "
+                f"columns: {first}",
+                where,
+            ) from None
+        if kind != "boolean":
+            raise ConfigError(f"option 'checks' ({i}: {expression!r}) is {kind}, not boolean", where)
+
+
+class Quarantine:
+    """The errors table of one sink (``on_error = "table"``)."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        from mvsink.sink import MVSink
+
+        inner = opts.model_copy(
+            update={
+                "target": errors_target(opts),
+                "on_error": "fail",
+                "errors_target": None,
+                "not_null": (),
+                "checks": (),
+                "partition_by": None,
+                "cluster_by": (),
+                "compact_every": None,
+            }
+        )
+        self.sink: MVSink = MVSink.from_options(inner)
+
+    def split(
+        self, batch: DataFrame, opts: SinkOptions, where: Where
+    ) -> tuple[DataFrame, DataFrame, DataFrame]:
+        """``(marked, ok rows, error rows)``; ``marked`` is cached: unpersist it after."""
+        snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, where)
+        rules: Rules = rules_for(snap, opts, where)
+        marked = batch.select("*", rules.broken()).persist()
+        ok = marked.where(F.col(RULE).isNull()).drop(RULE)
+        bad = marked.where(F.col(RULE).isNotNull()).withColumnRenamed(RULE, ERROR_RULE)
+        return marked, ok, bad
+
+    def run(self, bad: DataFrame, epoch: int) -> EpochReport:
+        return self.sink(bad, epoch)

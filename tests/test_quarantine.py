@@ -1,0 +1,81 @@
+"""Error rows: the view's rules, on_error = "fail" and the errors table."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mvsink import ConfigError, InputError, MVSink, frontier
+from tests.helpers import assert_equal_to, multiset, target_table, versions
+from tests.test_sink import frame
+
+RULES = {"not_null": ["name"], "checks": ["x >= 0"]}
+
+
+def batch(spark, rows):
+    return frame(spark, rows)
+
+
+def test_on_error_fail_names_the_rule_the_rows_and_the_epoch_and_writes_nothing(spark, local_target):
+    sink = MVSink(local_target, "v", **RULES)
+    sink(batch(spark, [(1, "a", 1.0), (2, "b", 2.0)]), 0)
+    with pytest.raises(InputError, match=r"NOT NULL name.*'id': 3") as caught:
+        sink(batch(spark, [(1, "a", 1.0), (3, None, 2.0)]), 1)
+    assert caught.value.epoch == 1 and "errors table" in str(caught.value)
+    with pytest.raises(InputError, match=r"CHECK check_1 \(x >= 0\)"):
+        sink(batch(spark, [(1, "a", -1.0)]), 1)
+    assert versions(local_target) == [0] and frontier(local_target, "v") == 1
+
+
+def test_error_rows_go_to_an_errors_table_kept_equal_to_them_across_a_restart(spark, local_target):
+    errors = local_target + "_errors"
+    options = {**RULES, "on_error": "table", "heartbeat": 0}
+    sink = MVSink(local_target, "v", **options)
+    rows0 = [(1, "a", 1.0), (2, None, 2.0), (3, "c", -3.0), (4, "d", 4.0)]
+    report = sink(batch(spark, rows0), 0)
+    assert report.outcome == "committed"
+    assert_equal_to(local_target, batch(spark, [(1, "a", 1.0), (4, "d", 4.0)]))
+    assert multiset(target_table(errors)) == {
+        (2, None, 2.0, "NOT NULL name"): 1,
+        (3, "c", -3.0, "CHECK check_1 (x >= 0)"): 1,
+    }
+    assert frontier(errors, "v") == frontier(local_target, "v") == 1
+
+    # Row 2 is fixed upstream, row 5 breaks a rule: the errors table follows, after a restart.
+    again = MVSink(local_target, "v", **options)
+    rows1 = [(1, "a", 1.0), (2, "b", 2.0), (3, "c", -3.0), (5, None, 5.0)]
+    again(batch(spark, rows1), 1)
+    assert_equal_to(local_target, batch(spark, [(1, "a", 1.0), (2, "b", 2.0)]))
+    assert multiset(target_table(errors)) == {
+        (3, "c", -3.0, "CHECK check_1 (x >= 0)"): 1,
+        (5, None, 5.0, "NOT NULL name"): 1,
+    }
+    assert frontier(errors, "v") == frontier(local_target, "v") == 2
+    # A replayed epoch writes nothing to either table.
+    before = (versions(local_target), versions(errors))
+    assert again(batch(spark, rows1), 1).outcome == "replay"
+    assert (versions(local_target), versions(errors)) == before
+
+
+def test_append_mode_appends_each_epochs_error_rows_once(spark, local_target):
+    errors = local_target + "_errors"
+    sink = MVSink(local_target, "log", mode="append", on_error="table", checks=["x >= 0"])
+    sink(batch(spark, [(1, "a", 1.0), (2, "b", -2.0)]), 0)
+    sink(batch(spark, [(1, "a", 1.0), (2, "b", -2.0)]), 0)  # replayed: nothing twice
+    sink(batch(spark, [(3, "c", -3.0)]), 1)
+    assert multiset(target_table(local_target)) == {(1, "a", 1.0): 1}
+    assert multiset(target_table(errors), ["id"]) == {(2,): 1, (3,): 1}
+
+
+def test_bad_rules_and_options_are_config_errors_and_write_nothing(spark, local_target):
+    rows = batch(spark, [(1, "a", 1.0)])
+    with pytest.raises(ConfigError, match=r"option 'checks'.*not an SQL expression"):
+        MVSink(local_target, "v", checks=["nope >"])(rows, 0)
+    with pytest.raises(ConfigError, match=r"option 'checks'.*not boolean"):
+        MVSink(local_target, "v", checks=["x + 1"])(rows, 0)
+    with pytest.raises(ConfigError, match="on_error"):
+        MVSink(local_target, "v", mode="upsert", key=["id"], on_error="table")
+    with pytest.raises(ConfigError, match="errors_target"):
+        MVSink(local_target, "v", errors_target=local_target + "_e")
+    assert not os.path.exists(local_target)
