@@ -114,6 +114,9 @@ class SinkOptions(_Frozen):
     changed row costs rewriting the rest of its file. Small files keep corrections small (1%
     of a 1M-row view changed in key order writes about 5% of the view's bytes); for views of
     hundreds of millions of rows raise it, to keep the file count (and the log) small."""
+    metrics_table: str | None = None
+    """A Delta table that gets one row per committed epoch of the view, exactly once
+    (``metrics.py``), on the target's store (same ``storage_options``)."""
     compact_every: int | None = Field(None, ge=1)
     """Merge small files (``compact.py``) after every this many committed epochs; its own
     strict commit, which changes no row. None: never (run ``mvsink compact``)."""

@@ -71,6 +71,7 @@ class Quarantine:
                 "partition_by": None,
                 "cluster_by": (),
                 "compact_every": None,
+                "metrics_table": None,
             }
         )
         self.sink: MVSink = MVSink.from_options(inner)

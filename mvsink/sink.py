@@ -203,6 +203,19 @@ class MVSink:
         finally:
             marked.unpersist()
 
+    def _record_metrics(self, version: int, where: Where) -> None:
+        """Append the view's committed epochs to the metrics table (``metrics.py``). The epoch
+        is committed whatever happens here: a failure is a WARNING, and the next epoch's
+        append fills the gap."""
+        from mvsink.metrics import record
+
+        opts = self.options
+        assert opts.metrics_table is not None
+        try:
+            record(opts.metrics_table, opts.name, opts.target, opts.storage_options, version)
+        except MVSinkError as exc:
+            log.warning("%s: could not append to the metrics table (the epoch is committed): %s", where, exc)
+
     def _compact(self, where: Where) -> None:
         """Merge small files after a committed epoch (``compact_every``). The epoch is
         committed whatever happens here: a failure is a WARNING, never the epoch's error."""
@@ -241,6 +254,8 @@ class MVSink:
                 report = self._with_errors_table(batch_df, epoch_id, where)
             else:
                 report = _Epoch(self, batch_df, epoch_id).run()
+            if self.options.metrics_table and report.outcome == "committed" and report.version is not None:
+                self._record_metrics(report.version, where)
             every = self.options.compact_every
             if every and report.outcome == "committed" and (epoch_id + 1) % every == 0:
                 self._compact(where)
@@ -525,6 +540,7 @@ class _Epoch:
             "mvsink.files_removed": str(len(staged.removes)),
             "mvsink.attempts": str(attempt),
             "mvsink.seconds": f"{time.monotonic() - self.started:.3f}",
+            "mvsink.phases": json.dumps({k: round(v, 3) for k, v in self.ctx.phases.items()}, sort_keys=True),
         }
 
     def _report(

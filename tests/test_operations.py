@@ -9,10 +9,12 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from mvsink import MVSink, promote, status
 from mvsink.cli import main
+from mvsink.metrics import record
 from mvsink.vacuum import vacuum
 from mvsink.verify import verify
 from tests.helpers import assert_equal_to, once, removed, versions
@@ -177,3 +179,19 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
 
 def _files(folder: str) -> set[str]:
     return {os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs}
+
+
+def test_the_metrics_table_gets_each_committed_epoch_once_even_after_a_gap(spark, local_target, tmp_path):
+    metrics = str(tmp_path / "metrics")
+    sink = MVSink(local_target, "m", metrics_table=metrics, heartbeat="1h")
+    reports = [sink(people(spark, range(5)), 0), sink(people(spark, range(5)), 1)]  # 1: unchanged
+    # A writer without the option commits epoch 2 (as if the metrics append had crashed).
+    MVSink(local_target, "m")(people(spark, range(7)), 2)
+    reports.append(sink(people(spark, range(8)), 3))
+    got = DeltaTable(metrics).to_pyarrow_table().sort_by("version").to_pylist()
+    assert [(r["version"], r["epoch"]) for r in got] == [(0, 0), (1, 2), (2, 3)]
+    assert [r["inserted"] for r in got] == [5, 2, 1]
+    assert got[2]["attempts"] == 1 and "write" in json.loads(got[2]["phases"])
+    assert reports[1].outcome == "unchanged"
+    assert record(metrics, "m", local_target, {}, 2) == 0  # already there: nothing twice
+    assert DeltaTable(metrics).to_pyarrow_table().num_rows == 3

@@ -1,0 +1,127 @@
+"""The metrics table: one row per committed epoch of a view, exactly once, in a Delta table.
+
+Rows are not taken from the sink's memory but rebuilt from the view's commit metadata (every
+mvsink commit records its epoch, rows inserted and retracted, files, attempts, seconds and
+seconds per phase), so nothing a crash loses is missing for long. After each committed epoch
+the sink appends the rows of every view commit after the last one the metrics table holds,
+and records that version in the same commit as the app transaction
+``mvsink-metrics:<view>@<digest of the view's table>``. The append is strict (no delta-rs
+retry): two replicas appending the same range at once, or an append whose range changed,
+loses the race, reloads and appends only what is still missing. So each commit of the view
+appears once, whoever committed it and whatever crashed in between.
+
+A gap of more than ``MAX_BACKFILL`` view commits (the metrics table dropped, or left behind)
+is filled with the newest ones only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from mvsink.delta import table_root
+from mvsink.errors import StorageError, Where
+
+log = logging.getLogger(__name__)
+
+MAX_BACKFILL = 1000
+_ATTEMPTS = 5
+SCHEMA = pa.schema(
+    [
+        ("view", pa.string()),
+        ("target", pa.string()),
+        ("version", pa.int64()),
+        ("committed_at", pa.timestamp("ms", tz="UTC")),
+        ("epoch", pa.int64()),
+        ("lineage", pa.string()),
+        ("writer", pa.string()),
+        ("inserted", pa.int64()),
+        ("retracted", pa.int64()),
+        ("files_added", pa.int64()),
+        ("files_removed", pa.int64()),
+        ("attempts", pa.int64()),
+        ("seconds", pa.float64()),
+        ("phases", pa.string()),
+    ]
+)
+"""The metrics table's columns; ``phases`` is a JSON object of seconds per step."""
+
+
+def app_id(view: str, target: str) -> str:
+    digest = hashlib.sha256(table_root(target).encode()).hexdigest()[:16]
+    return f"mvsink-metrics:{view}@{digest}"
+
+
+def record(metrics_table: str, view: str, target: str, storage_options: Mapping[str, str], upto: int) -> int:
+    """Append the rows of view ``view``'s commits in ``target`` up to version ``upto`` that the
+    metrics table does not hold yet; returns how many were appended."""
+    options = dict(storage_options) or None
+    app = app_id(view, target)
+    where = Where(view, metrics_table)
+    for _ in range(_ATTEMPTS):
+        try:
+            last = DeltaTable(metrics_table, storage_options=options).transaction_version(app)
+        except TableNotFoundError:
+            last = None
+        if last is not None and last >= upto:
+            return 0
+        start = -1 if last is None else last
+        wanted = min(upto - start, MAX_BACKFILL)
+        commits = DeltaTable(table_root(target), storage_options=options).history(wanted + 16)
+        rows = [
+            _row(c, view, target)
+            for c in commits
+            if start < int(c["version"]) <= upto and c.get("mvsink.view") == view and "mvsink.epoch" in c
+        ]
+        rows.sort(key=lambda r: r["version"])
+        try:
+            write_deltalake(
+                metrics_table,
+                pa.Table.from_pylist(rows, schema=SCHEMA),
+                mode="append",
+                storage_options=options,
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app, upto)], max_commit_retries=0
+                ),
+            )
+            return len(rows)
+        except CommitFailedError:
+            continue  # another append landed first: reload, append what is still missing
+        except (DeltaError, OSError) as exc:
+            raise StorageError(f"cannot append to the metrics table: {exc}", where) from exc
+    log.warning("%s: metrics append lost the commit race %d times; the next epoch retries", where, _ATTEMPTS)
+    return 0
+
+
+def _row(commit: Mapping[str, Any], view: str, target: str) -> dict[str, Any]:
+    def number(key: str) -> int | None:
+        value = commit.get(key)
+        try:
+            return None if value in (None, "") else int(value)
+        except (TypeError, ValueError):
+            return None
+
+    seconds = commit.get("mvsink.seconds")
+    return {
+        "view": view,
+        "target": target,
+        "version": int(commit["version"]),
+        "committed_at": int(commit.get("timestamp") or 0),
+        "epoch": number("mvsink.epoch"),
+        "lineage": commit.get("mvsink.lineage"),
+        "writer": commit.get("mvsink.writer"),
+        "inserted": number("mvsink.inserted"),
+        "retracted": number("mvsink.retracted"),
+        "files_added": number("mvsink.files_added"),
+        "files_removed": number("mvsink.files_removed"),
+        "attempts": number("mvsink.attempts"),
+        "seconds": float(seconds) if seconds not in (None, "") else None,
+        "phases": commit.get("mvsink.phases") or json.dumps({}),
+    }
