@@ -9,8 +9,12 @@ Two options share one form, a number of epochs or a duration (``"30s"``, ``"10m"
   often enough for replay detection and for app-transaction retention. ``0`` commits every
   epoch, as before.
 * ``refresh_every`` (complete mode): the view advances only when a refresh is due; the epochs
-  in between write nothing and do not even run desired. At a refresh the commit reflects the
-  latest desired (a complete batch is the whole view, so nothing skipped is lost).
+  in between write nothing (their batch still runs, as Spark requires, but is neither
+  collected nor compared). A due refresh commits even when nothing changed, so the next one
+  counts from it. At a refresh the commit reflects the latest desired (a complete batch is
+  the whole view, so nothing skipped is lost). The sink acts only when Spark runs a batch: the
+  changes of epochs after the last refresh wait for the next due epoch, which for a source
+  that goes quiet means its next input.
 
 "Since the last commit" is read from the target, never kept in memory, so a restart or a
 replica sees the same cadence: in epochs, ``epoch + 1 - frontier`` of the epoch's lineage; in

@@ -117,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MVSinkError as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # exit 2 means "error" (verify's 1 means "different")
+        first = (str(exc).strip().splitlines() or [""])[0][:500]
+        print(f"mvsink: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 2
 
 
 def _progress(message: str) -> None:
@@ -135,6 +139,9 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
 def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
     """Target, view name, storage options and the small-file threshold (a quarter of the
     sink's ``max_rows_per_file``) from the arguments, a job file filling in what they omit."""
+    bad = [o for o in args.storage_option if "=" not in o]
+    if bad:
+        raise ConfigError(f"--storage-option takes KEY=VALUE, got {bad[0]!r}")
     options = dict(o.split("=", 1) for o in args.storage_option)
     if args.job:
         from mvsink.job import JobConfig

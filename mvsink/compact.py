@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from mvsink.config import RetryPolicy
 from mvsink.delta import DataFile, Snapshot, compare_and_append, load_snapshot
-from mvsink.errors import CommitOutcomeUnknownError, ConfigError, ConflictError, InvariantViolation, Where
+from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
 from mvsink.fingerprint import I64
 from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import target_struct
@@ -94,17 +94,15 @@ def compact(
         removes = [f for group in groups for f in group]
         written: list[Written] = []
         try:
-            for group in groups:
-                merged, fps = _merged(group, store, index, layout)
-                rows, sorted_fps = clustered(merged, fps, cluster_by)
-                written += store.write(folder, rows, layout.partition_by, max_rows_per_file, sorted_fps)
-            before = sum(f.num_records or 0 for f in removes)
-            after = sum(w.file.num_records for w in written)
-            if before != after:
-                raise InvariantViolation(f"compaction wrote {after} rows of {before}", where)
-            for w in written:
-                assert w.fp_a is not None and w.fp_b is not None
-                index.put(w.file.path, w.file.size, FileEntry(w.fp_a, w.fp_b))
+            after = _stage(
+                groups, removes, store, index, layout, folder, max_rows_per_file, cluster_by, written
+            )
+        except BaseException:
+            _discard(store, folder, index, written)  # nothing committed: nothing can reference them
+            raise
+        # From the commit call on, only a ConflictError says the files are unreferenced; any
+        # other error (outcome unknown, an interrupt) keeps them for vacuum.
+        try:
             version = compare_and_append(
                 snap,
                 adds=[w.file for w in written],
@@ -121,24 +119,47 @@ def compact(
                 schema_json=snap.schema_json,
                 partition_by=snap.partition_by,
                 where=where,
+                transactions={f"mvsink:{name}#compacted": snap.frontier or 0},
                 data_change=False,
             )
-        except ConflictError:
+        except ConflictError:  # known not to have landed
             _discard(store, folder, index, written)
             pause = policy.backoff(attempt, random.random())
             log.info("%s: compaction lost a commit race; retrying in %.2fs", where, pause)
             time.sleep(pause)
             continue
-        except CommitOutcomeUnknownError:
-            raise  # the commit may have landed: its files may be referenced, keep them
-        except BaseException:
-            _discard(store, folder, index, written)
-            raise
         index.forget(f.key for f in removes)
         return Compaction(target, name, version, len(removes), len(written), after, attempt)
     raise ConflictError(
         f"compaction lost the commit race {policy.max_attempts} times; nothing changed", where
     )
+
+
+def _stage(
+    groups: Sequence[Sequence[DataFile]],
+    removes: Sequence[DataFile],
+    store: Store,
+    index: StoredIndex,
+    layout: Layout,
+    folder: str,
+    max_rows_per_file: int,
+    cluster_by: Sequence[str],
+    written: list[Written],
+) -> int:
+    """Write each group's rows as full files (appending to ``written``) with their index
+    entries; returns the rows written, checked equal to the rows removed."""
+    for group in groups:
+        merged, fps = _merged(group, store, index, layout)
+        rows, sorted_fps = clustered(merged, fps, cluster_by)
+        written += store.write(folder, rows, layout.partition_by, max_rows_per_file, sorted_fps)
+    before = sum(f.num_records or 0 for f in removes)
+    after = sum(w.file.num_records for w in written)
+    if before != after:
+        raise InvariantViolation(f"compaction wrote {after} rows of {before}")
+    for w in written:
+        assert w.fp_a is not None and w.fp_b is not None
+        index.put(w.file.path, w.file.size, FileEntry(w.fp_a, w.fp_b))
+    return after
 
 
 def _small_groups(snap: Snapshot, small_rows: int, max_rows: int) -> list[list[DataFile]]:

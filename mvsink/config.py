@@ -118,7 +118,8 @@ class SinkOptions(_Frozen):
     """A Delta table that gets one row per committed epoch of the view, exactly once
     (``metrics.py``), on the target's store (same ``storage_options``)."""
     compact_every: int | None = Field(None, ge=1)
-    """Merge small files (``compact.py``) after every this many committed epochs; its own
+    """Merge small files (``compact.py``) after a committed epoch once this many epochs passed
+    since the last compaction (the table records its frontier); its own
     strict commit, which changes no row. None: never (run ``mvsink compact``)."""
     cluster_by: tuple[str, ...] = ()
     """Columns to sort inserted rows by, so rows that change together share few files."""
@@ -207,6 +208,13 @@ class SinkOptions(_Frozen):
             )
         if self.errors_target is not None and self.on_error != "table":
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
+        for option in ("errors_target", "metrics_table"):
+            other = getattr(self, option)
+            if other is not None and _overlap(self.target, other):
+                raise ValueError(
+                    f"option {option!r}: {other!r} is the target or lies inside it (or holds it): "
+                    "a table inside another's folder is lost to the other's vacuum"
+                )
         if self.refresh_every is not None and self.mode != "complete":
             raise ValueError(
                 "option 'refresh_every': only complete mode takes it (an upsert or append batch "
@@ -251,6 +259,12 @@ class SinkOptions(_Frozen):
         if not isinstance(sink, dict):
             raise ConfigError(f"{path}: no [sink] table")
         return cls.build(**{**sink, **overrides})
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether one of two table locations is the other or inside it."""
+    x, y = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return x.startswith(y) or y.startswith(x)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

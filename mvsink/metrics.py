@@ -10,8 +10,10 @@ retry): two replicas appending the same range at once, or an append whose range 
 loses the race, reloads and appends only what is still missing. So each commit of the view
 appears once, whoever committed it and whatever crashed in between.
 
-A gap of more than ``MAX_BACKFILL`` view commits (the metrics table dropped, or left behind)
-is filled with the newest ones only.
+A gap of more than ``MAX_BACKFILL`` versions (the metrics table dropped, or left behind) is
+filled with the view commits among the newest ``MAX_BACKFILL`` versions only. The metrics
+row of a commit is keyed by the target as spelled in the options: replicas must spell it
+alike (``s3://`` and ``s3a://`` are two targets here).
 """
 
 from __future__ import annotations
@@ -67,24 +69,29 @@ def record(metrics_table: str, view: str, target: str, storage_options: Mapping[
     where = Where(view, metrics_table)
     for _ in range(_ATTEMPTS):
         try:
-            last = DeltaTable(metrics_table, storage_options=options).transaction_version(app)
-        except TableNotFoundError:
-            last = None
-        if last is not None and last >= upto:
-            return 0
-        start = -1 if last is None else last
-        wanted = min(upto - start, MAX_BACKFILL)
-        commits = DeltaTable(table_root(target), storage_options=options).history(wanted + 16)
-        rows = [
-            _row(c, view, target)
-            for c in commits
-            if start < int(c["version"]) <= upto and c.get("mvsink.view") == view and "mvsink.epoch" in c
-        ]
-        rows.sort(key=lambda r: r["version"])
+            try:
+                last = DeltaTable(metrics_table, storage_options=options).transaction_version(app)
+            except TableNotFoundError:
+                last = None
+            if last is not None and last >= upto:
+                return 0
+            start = max(-1 if last is None else last, upto - MAX_BACKFILL)
+            view_table = DeltaTable(table_root(target), storage_options=options)
+            # History counts back from the newest version, which may be past ``upto``.
+            commits = view_table.history(view_table.version() - start)
+            rows = [
+                _row(c, view, target)
+                for c in commits
+                if start < int(c["version"]) <= upto and c.get("mvsink.view") == view and "mvsink.epoch" in c
+            ]
+            rows.sort(key=lambda r: r["version"])
+            table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
+            raise StorageError(f"cannot read the view's commits for the metrics table: {exc}", where) from exc
         try:
             write_deltalake(
                 metrics_table,
-                pa.Table.from_pylist(rows, schema=SCHEMA),
+                table,
                 mode="append",
                 storage_options=options,
                 commit_properties=CommitProperties(

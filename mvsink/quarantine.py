@@ -11,8 +11,10 @@ with the rule in column ``mvsink_rule``, to the **errors table** beside it
 the same view name, mode, epoch and lineage, so it follows the same discipline: in complete
 mode it equals the current error rows (an error that disappears from desired disappears from
 it), in append mode it gets each epoch's error rows once; and it carries the same frontier.
-It is committed before the view, so a crash in between leaves the errors table one epoch
-ahead, and the replayed epoch completes the view (each table replays on its own).
+The view runs first and decides: the errors table is written only for an epoch the view
+committed or already holds, so it follows the view's lineage and active writer; a crash
+between the two commits leaves the errors table behind, and the replayed epoch (a replay
+for the view) brings it up.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructType
 
 from mvsink.config import SinkOptions
 from mvsink.delta import load_snapshot
@@ -40,10 +43,18 @@ def errors_target(opts: SinkOptions) -> str:
 
 
 def check_expressions(batch: DataFrame, opts: SinkOptions, where: Where) -> None:
-    """Each of the ``checks`` options is a boolean SQL expression over the batch's columns."""
+    """Each ``not_null`` path names a column (through struct fields) of the batch, and each
+    of the ``checks`` options is a boolean SQL expression over its columns."""
+    for path in opts.not_null:
+        kind: DataType = batch.schema
+        for depth, part in enumerate(path.split(".")):
+            if not isinstance(kind, StructType) or part not in kind.names:
+                within = "the view" if depth == 0 else f"struct {'.'.join(path.split('.')[:depth])}"
+                raise ConfigError(f"option 'not_null': {path!r}: {within} has no field {part!r}", where)
+            kind = kind[part].dataType
     for i, expression in enumerate(opts.checks, 1):
         try:
-            kind = batch.select(F.expr(expression).alias("c")).schema["c"].dataType.typeName()
+            result = batch.select(F.expr(expression).alias("c")).schema["c"].dataType.typeName()
         except Exception as exc:
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
@@ -51,8 +62,8 @@ def check_expressions(batch: DataFrame, opts: SinkOptions, where: Where) -> None
                 f"columns: {first}",
                 where,
             ) from None
-        if kind != "boolean":
-            raise ConfigError(f"option 'checks' ({i}: {expression!r}) is {kind}, not boolean", where)
+        if result != "boolean":
+            raise ConfigError(f"option 'checks' ({i}: {expression!r}) is {result}, not boolean", where)
 
 
 class Quarantine:
@@ -72,6 +83,11 @@ class Quarantine:
                 "cluster_by": (),
                 "compact_every": None,
                 "metrics_table": None,
+                # The view decides which epochs and lineages count (it runs first): the errors
+                # table follows it, whatever its own history says.
+                "on_new_lineage": "adopt",
+                "allow_gaps": True,
+                "read_only": False,
             }
         )
         self.sink: MVSink = MVSink.from_options(inner)

@@ -65,7 +65,6 @@ from mvsink.errors import (
     InputError,
     InvariantViolation,
     LineageError,
-    MVSinkError,
     RetriesExhaustedError,
     Where,
 )
@@ -191,15 +190,26 @@ class MVSink:
             self._read_only = False
 
     def _with_errors_table(self, batch_df: DataFrame, epoch_id: int, where: Where) -> EpochReport:
-        """Split the batch (``quarantine.py``): error rows to the errors table first, then the
-        other rows to the view, each table by its own sink discipline."""
+        """Split the batch (``quarantine.py``): the rows that keep the rules to the view, then
+        the error rows to the errors table. The view decides: the errors table is written only
+        for an epoch the view committed or already holds (a replay: the errors table may have
+        missed it in a crash), never for one the view refused (fenced, read-only, before
+        ``as_of``), so it follows the view's lineage and active writer."""
         if self._errors is None:
             self._errors = Quarantine(self.options)
         marked, ok, bad = self._errors.split(batch_df, self.options, where)
         try:
-            self._errors.sink._read_only = self._read_only
-            self._errors.run(bad, epoch_id)
-            return _Epoch(self, ok, epoch_id).run()
+            report = _Epoch(self, ok, epoch_id).run()
+            if report.outcome in ("committed", "unchanged", "replay", "between_refreshes"):
+                errors = self._errors.run(bad, epoch_id)
+                if errors.outcome == "fenced":
+                    log.warning(
+                        "%s: the errors table %s is owned by another lineage or writer than the "
+                        "view: its rows were not written",
+                        where,
+                        self._errors.sink.target,
+                    )
+            return report
         finally:
             marked.unpersist()
 
@@ -213,8 +223,19 @@ class MVSink:
         assert opts.metrics_table is not None
         try:
             record(opts.metrics_table, opts.name, opts.target, opts.storage_options, version)
-        except MVSinkError as exc:
+        except Exception as exc:  # the epoch is committed: never fail it (or the query) now
             log.warning("%s: could not append to the metrics table (the epoch is committed): %s", where, exc)
+
+    def _compact_due(self, report: EpochReport) -> bool:
+        """``compact_every`` epochs passed since the last compaction, counted in frontiers:
+        the table records the frontier each compaction ran at (``#compacted``)."""
+        every = self.options.compact_every
+        if not every or report.outcome != "committed" or report.upper is None:
+            return False
+        last = read_frontier(self.target, f"{self.options.app_id}#compacted", self.options.storage_options)
+        # A new lineage restarts epoch numbers: a last mark above the frontier is another's.
+        since = report.upper - (last if last is not None and last <= report.upper else 0)
+        return since >= every
 
     def _compact(self, where: Where) -> None:
         """Merge small files after a committed epoch (``compact_every``). The epoch is
@@ -232,7 +253,7 @@ class MVSink:
                 retry=opts.retry,
             )
             log.info("%s: %s", where, done)
-        except MVSinkError as exc:
+        except Exception as exc:  # the epoch is committed: never fail it (or the query) now
             log.warning("%s: compaction after the epoch failed (the epoch is committed): %s", where, exc)
 
     def frontier(self) -> int | None:
@@ -248,7 +269,7 @@ class MVSink:
             if not self._probed:
                 self.store.probe(where)
                 self._probed = True
-            if self.options.checks:
+            if self.options.checks or self.options.not_null:
                 check_expressions(batch_df, self.options, where)
             if self.options.on_error == "table":
                 report = self._with_errors_table(batch_df, epoch_id, where)
@@ -256,8 +277,7 @@ class MVSink:
                 report = _Epoch(self, batch_df, epoch_id).run()
             if self.options.metrics_table and report.outcome == "committed" and report.version is not None:
                 self._record_metrics(report.version, where)
-            every = self.options.compact_every
-            if every and report.outcome == "committed" and (epoch_id + 1) % every == 0:
+            if self._compact_due(report):
                 self._compact(where)
         self.reports.append(report)
         log.info("%s", report)
@@ -349,10 +369,13 @@ class _Epoch:
                 return self._report(desc, snap.frontier, None, None, attempt)
             must = self._must_commit(snap, desc, lineage)
             refresh = self.opts.refresh
-            if isinstance(desc, BatchDescription) and not must and refresh is not None:  # noqa: SIM102
+            if isinstance(desc, BatchDescription) and not must and refresh is not None:
                 if not self._due(refresh, snap, desc, lineage):
-                    ctx.drain()  # between refreshes: desired is not even computed
+                    # Between refreshes: the batch runs (Spark needs it to), nothing is
+                    # collected, compared or written.
+                    ctx.drain()
                     return self._report("between_refreshes", snap.frontier, None, None, attempt)
+                must = True  # a refresh commits even when nothing changed: the next one counts from it
             self._check_gap(desc, committed)
             plan = self.mode.plan(snap, layout)
             if not isinstance(desc, BatchDescription):

@@ -25,8 +25,8 @@ through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
   with its ``_commit_version``: the multiset difference of the rows of the files it adds and
   removes (``changes.py``), so the untouched rows of a rewritten file do not show up. Summed
   over versions from 0 the feed is the table; a compaction yields nothing. A version that only
-  adds (or only removes) files is read one partition per file; one that does both is read by
-  one task, which holds the fingerprints of the rows it touches.
+  adds (or only removes) files is read one task per file; in a partition where it does both,
+  one task reads that partition's files and holds the fingerprints of the rows they hold.
 
 Either mode refuses a version that changes the table's schema (start a new query from there)
 and tables whose files do not hold rows as their names say (deletion vectors, column mapping).
@@ -157,6 +157,19 @@ class _Rewrite(InputPartition):
     removed: tuple[_File, ...]
 
 
+def _refused_features(action: Mapping[str, Any]) -> list[str]:
+    """Deletion vectors or column mapping, if a protocol or metadata action turns them on."""
+    protocol = action.get("protocol") or {}
+    features = {*(protocol.get("readerFeatures") or ()), *(protocol.get("writerFeatures") or ())}
+    config = (action.get("metaData") or {}).get("configuration") or {}
+    found = sorted(features & {"deletionVectors", "columnMapping"})
+    if str(config.get("delta.enableDeletionVectors", "false")).lower() == "true":
+        found.append("delta.enableDeletionVectors")
+    if str(config.get("delta.columnMapping.mode", "none")).lower() != "none":
+        found.append("delta.columnMapping.mode")
+    return found
+
+
 class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
         self, store: Store, table_schema: StructType, changes: bool, limit: int | None, start: int
@@ -198,11 +211,20 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: list[InputPartition] = []
         for version in range(int(start["version"]) + 1, int(end["version"]) + 1):
             added, removed = self._data_changes(version)
-            if self.changes and added and removed:
-                out.append(_Rewrite(version, tuple(added), tuple(removed)))
-            else:
-                out.extend(_WholeFile(version, f, +1) for f in added)
-                out.extend(_WholeFile(version, f, -1) for f in removed)
+            # Rows cancel only within a partition: each partition that both adds and removes
+            # files is one task; the others are read file by file.
+            sides: dict[str, tuple[list[_File], list[_File]]] = {}
+            for files, side in ((added, 0), (removed, 1)):
+                for f in files:
+                    sides.setdefault(json.dumps(dict(f.partition_values), sort_keys=True), ([], []))[
+                        side
+                    ].append(f)
+            for adds, removes in sides.values():
+                if self.changes and adds and removes:
+                    out.append(_Rewrite(version, tuple(adds), tuple(removes)))
+                else:
+                    out.extend(_WholeFile(version, f, +1) for f in adds)
+                    out.extend(_WholeFile(version, f, -1) for f in removes)
         return out
 
     def _data_changes(self, version: int) -> tuple[list[_File], list[_File]]:
@@ -227,8 +249,21 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "stream keeps the schema it started with; start a new query (a new checkpoint) "
                     "from this version to read the new one"
                 )
+            if _refused_features(action):
+                # A table that turns on deletion vectors or column mapping mid-stream: its files
+                # would no longer hold rows as their names say.
+                raise InputError(
+                    f"Delta version {version} of {self.store.root} turns on "
+                    f"{', '.join(_refused_features(action))}: the mvsink-delta source reads tables "
+                    "whose files hold rows as written only"
+                )
             for kind, into in (("add", added), ("remove", removed)):
                 act = action.get(kind)
+                if act and act.get("deletionVector"):
+                    raise InputError(
+                        f"Delta version {version} of {self.store.root} uses a deletion vector "
+                        f"({act['path']}): the mvsink-delta source reads whole files only"
+                    )
                 if act and act.get("dataChange", True):
                     into.append(
                         _File(act["path"], int(act.get("size") or 0), act.get("partitionValues") or {})

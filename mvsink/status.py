@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from deltalake import DeltaTable
-
 from mvsink.cadence import at_key
 from mvsink.delta import load_snapshot
 from mvsink.errors import Where
@@ -70,7 +68,8 @@ class Status:
     files: int
     bytes: int
     small_files: int
-    """Files with fewer than ``small_rows`` rows (candidates for compaction)."""
+    """Files with fewer than ``small_rows`` rows (or no row count): what compaction looks at
+    (it merges two or more in a partition, up to its row limit per run)."""
     small_rows: int
     views: tuple[ViewStatus, ...]
     history: int
@@ -121,7 +120,8 @@ def status(
     snap = load_snapshot(target, f"mvsink:{name or ''}", options, where)
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
-    commits = DeltaTable(snap.root, storage_options=options or None).history(history)
+    # The snapshot's own handle: the history ends at the version the figures describe.
+    commits = snap._table.history(history)
     names = sorted(
         {str(c["mvsink.view"]) for c in commits if "mvsink.view" in c} | ({name} if name else set())
     )
@@ -135,7 +135,7 @@ def status(
         rows=sum(f.num_records or 0 for f in snap.files),
         files=len(snap.files),
         bytes=sum(f.size for f in snap.files),
-        small_files=sum(1 for f in snap.files if (f.num_records or 0) < small_rows),
+        small_files=sum(1 for f in snap.files if f.num_records is None or f.num_records < small_rows),
         small_rows=small_rows,
         views=views,
         history=history,

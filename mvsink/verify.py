@@ -9,6 +9,8 @@ Spark aggregation, so nothing row-sized comes to the driver but the samples.
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,13 +19,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.delta import load_snapshot
+from mvsink.delta import Snapshot, load_snapshot
 from mvsink.distributed import stored_rows, with_fingerprints
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.fingerprint import FP_A, FP_B
-from mvsink.schema import check_fits, check_supported, stored_struct, target_schema_json, target_struct
+from mvsink.rules import rules_for
+from mvsink.schema import check_fits, check_supported, stored_struct, target_struct
 from mvsink.storage import Store
-from mvsink.write import Layout
+from mvsink.write import Layout, raise_task_errors
 
 FORMAT = 1
 
@@ -80,13 +83,10 @@ def verify(
     check_supported(desired.schema, where)
     stored = stored_struct(desired.schema, None)
     snap = load_snapshot(target, f"mvsink:{name or ''}", options, where)
-    if snap.exists:
-        assert snap.schema_json is not None
-        check_fits(stored, snap.schema_json, where)
-        layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
-    else:
-        schema_json = target_schema_json(stored)
-        layout = Layout(schema_json, target_struct(schema_json), ())
+    if not snap.exists or snap.schema_json is None:
+        raise ConfigError("there is no Delta table to verify (check the path)", where)
+    check_fits(stored, snap.schema_json, where)
+    layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
     want = with_fingerprints(desired, layout).persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once
     fp = [FP_A, FP_B]
     spark = desired.sparkSession
@@ -97,19 +97,35 @@ def verify(
         counts = counts.unionByName(held).groupBy(*fp).agg(F.sum("d").alias("d"), F.sum("t").alias("t"))
     counts = counts.withColumn("n", F.col("d") - F.col("t")).cache()
     try:
-        totals = counts.agg(
-            F.sum("d").alias("desired"),
-            F.sum("t").alias("held"),
-            F.sum(F.greatest(F.col("n"), F.lit(0))).alias("missing"),
-            F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("extra"),
-        ).first()
-        figures = {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()}
-        missing, extra = figures.get("missing", 0), figures.get("extra", 0)
-        missing_rows = _sample(want, counts.where("n > 0"), sample) if missing else ()
-        extra_rows = _sample(have, counts.where("n < 0"), sample) if extra and have is not None else ()
+        return _compare(snap, name, target, want, have, counts, sample)
+    except Exception as exc:
+        raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
+        raise
     finally:
         counts.unpersist()
         want.unpersist()
+
+
+def _compare(
+    snap: Snapshot,
+    name: str | None,
+    target: str,
+    want: DataFrame,
+    have: DataFrame | None,
+    counts: DataFrame,
+    sample: int,
+) -> Verification:
+    """Totals and samples of the cached ``counts`` (fingerprint, desired, held, difference)."""
+    totals = counts.agg(
+        F.sum("d").alias("desired"),
+        F.sum("t").alias("held"),
+        F.sum(F.greatest(F.col("n"), F.lit(0))).alias("missing"),
+        F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("extra"),
+    ).first()
+    figures = {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()}
+    missing, extra = figures.get("missing", 0), figures.get("extra", 0)
+    missing_rows = _sample(want, counts.where("n > 0"), sample) if missing else ()
+    extra_rows = _sample(have, counts.where("n < 0"), sample) if extra and have is not None else ()
     return Verification(
         target=target,
         view=name,
@@ -127,7 +143,18 @@ def _sample(rows: DataFrame, keys: DataFrame, n: int) -> tuple[dict[str, Any], .
     """Up to ``n`` distinct rows of ``rows`` whose fingerprints are among ``keys``'."""
     picked = rows.join(F.broadcast(keys.select(FP_A, FP_B).limit(n)), [FP_A, FP_B], "left_semi")
     picked = picked.dropDuplicates([FP_A, FP_B])
-    return tuple(r.asDict(recursive=True) for r in picked.drop(FP_A, FP_B).limit(n).collect())
+    return tuple(_plain(r.asDict(recursive=True)) for r in picked.drop(FP_A, FP_B).limit(n).collect())
+
+
+def _plain(value: Any) -> Any:
+    """A sample row as JSON can hold it: map keys as strings, NaN and infinities as strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
@@ -144,18 +171,26 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
     def keep(batch: DataFrame, _: int) -> None:
         batch.write.mode("overwrite").parquet(out)
 
-    query = (
-        job.job.load_query()(spark)
-        .writeStream.outputMode("complete")
-        .foreachBatch(keep)
-        .option("checkpointLocation", f"{scratch}/checkpoint")
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise InputError(
-            f"the job's query failed: {query.exception()}", Where(job.sink.name, job.sink.target)
+    where = Where(job.sink.name, job.sink.target)
+    stream = job.job.load_query()(spark)
+    try:
+        query = (
+            stream.writeStream.outputMode("complete")
+            .foreachBatch(keep)
+            .option("checkpointLocation", f"{scratch}/checkpoint")
+            .trigger(availableNow=True)
+            .start()
         )
+        query.awaitTermination()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+        raise InputError(f"the job's query failed: {first}", where) from None
+    if not os.path.exists(out):  # no batch ran: the sources hold nothing yet
+        empty: DataFrame = spark.createDataFrame([], stream.schema)
+        return empty
     result: DataFrame = spark.read.parquet(out)
+    if job.sink.on_error == "table":  # error rows belong in the errors table, not the view
+        snap = load_snapshot(job.sink.target, job.sink.app_id, job.sink.storage_options, where)
+        rules = rules_for(snap, job.sink, where)
+        result = result.where(rules.broken().isNull())
     return result

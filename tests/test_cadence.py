@@ -101,6 +101,13 @@ def test_refresh_every_epochs_advances_only_at_boundaries_across_a_restart(spark
     assert [again(people(spark, range(7)), e).outcome for e in (4, 5)] == ["between_refreshes"] * 2
     assert again(people(spark, range(9)), 6).outcome == "committed"
     assert_equal_to(local_target, people(spark, range(9)))
+    # A due refresh commits even when nothing changed: the next one counts from it.
+    assert [again(people(spark, range(9)), e).outcome for e in (7, 8, 9, 10)] == [
+        "between_refreshes",
+        "between_refreshes",
+        "committed",
+        "between_refreshes",
+    ]
 
 
 def test_refresh_every_duration_across_a_restart(spark, local_target):

@@ -96,6 +96,11 @@ def test_verify_cli_exit_codes_with_sql_and_a_job_file(spark, tmp_path, local_ta
     assert printed["equal"] is False and printed["extra"] == 1 and printed["extra_sample"][0]["id"] == 4
     assert main(["verify", local_target, "--sql", "SELECT 1 AS other"]) == 2  # does not fit the table
     assert "mvsink:" in capsys.readouterr().err
+    assert main(["verify", local_target + "-typo", "--sql", "SELECT * FROM want"]) == 2
+    assert "no Delta table" in capsys.readouterr().err
+    assert main(["verify", local_target, "--sql", "SELECT nope FROM want"]) == 2  # a bad query
+    assert main(["status", local_target, "--storage-option", "oops"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
 
     # A job file: its query is run once over what its source holds now.
     source = tmp_path / "in"

@@ -78,4 +78,26 @@ def test_bad_rules_and_options_are_config_errors_and_write_nothing(spark, local_
         MVSink(local_target, "v", mode="upsert", key=["id"], on_error="table")
     with pytest.raises(ConfigError, match="errors_target"):
         MVSink(local_target, "v", errors_target=local_target + "_e")
+    with pytest.raises(ConfigError, match="inside it"):
+        MVSink(local_target, "v", on_error="table", errors_target=local_target + "/errors")
+    with pytest.raises(ConfigError, match="inside it"):
+        MVSink(local_target, "v", metrics_table=local_target)
+    with pytest.raises(ConfigError, match=r"'not_null': 'nope'"):
+        MVSink(local_target, "v", not_null=["nope"])(rows, 0)
+    with pytest.raises(ConfigError, match=r"'not_null': 'name.first'.*struct name"):
+        MVSink(local_target, "v", not_null=["name.first"])(rows, 0)
     assert not os.path.exists(local_target)
+
+
+def test_the_errors_table_follows_the_view_through_a_takeover_and_a_fenced_writer(spark, local_target):
+    errors = local_target + "_errors"
+    options = {**RULES, "on_error": "table", "heartbeat": 0}
+    old = MVSink(local_target, "v", lineage="old", **options)
+    old(batch(spark, [(1, "a", 1.0), (2, None, 2.0)]), 0)
+    new = MVSink(local_target, "v", lineage="new", **options)  # a new checkpoint takes over
+    new(batch(spark, [(1, "a", 1.0), (3, None, 3.0)]), 0)
+    assert multiset(target_table(errors), ["id"]) == {(3,): 1}
+    before = versions(errors)
+    # The old job, still running, is fenced on the view: it writes no error rows either.
+    assert old(batch(spark, [(1, "a", 1.0), (4, None, 4.0)]), 1).outcome == "fenced"
+    assert versions(errors) == before and multiset(target_table(errors), ["id"]) == {(3,): 1}

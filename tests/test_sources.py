@@ -11,6 +11,7 @@ import pyarrow.compute
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
 
 from mvsink import MVSink
 from mvsink.changes import exact_change
@@ -103,13 +104,15 @@ def view_at(spark, epoch: int):
     return spark.createDataFrame(rows, "id long, v string")
 
 
-def signed(rows: pa.Table, version: int, diff: int) -> Counter:
+def signed(
+    rows: pa.Table, version: int, diff: int, columns: tuple[str, ...] | list[str] = ("id", "v")
+) -> Counter:
     sel = rows.filter(
         pa.compute.and_(
             pa.compute.equal(rows["_commit_version"], version), pa.compute.equal(rows["diff"], diff)
         )
     )
-    return multiset(sel, ["id", "v"])
+    return multiset(sel, list(columns))
 
 
 def test_the_change_feed_of_a_view_is_exact_per_version_and_sums_to_the_view(spark, tmp_path, local_target):
@@ -174,3 +177,38 @@ def test_exact_change_cancels_equal_rows_as_multisets():
     assert exact_change([], []) == ([], [])
     same = fps([5, 5])
     assert [m.tolist() for side in exact_change([same], [same]) for m in side] == [[False, False]] * 2
+
+
+def test_a_table_that_turns_on_deletion_vectors_mid_stream_stops_it(spark, tmp_path, local_target):
+    append(local_target, range(0, 2), "a")
+    register(spark)
+    seen: list[int] = []
+
+    def turn_on(df, _):  # while the query runs, the table starts using deletion vectors
+        seen.append(df.count())
+        if len(seen) == 1:
+            DeltaTable(local_target).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+
+    stream = spark.readStream.format("mvsink-delta").option("path", local_target).load()
+    query = (
+        stream.writeStream.foreachBatch(turn_on)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    with pytest.raises(Exception, match="turns on"):
+        query.awaitTermination(120)
+    query.stop()
+    assert seen[0] == 2
+
+
+def test_the_change_feed_of_a_partitioned_view_is_exact_per_version(spark, tmp_path, local_target):
+    sink = MVSink(local_target, "feed", max_rows_per_file=8, partition_by=["g"])
+    for epoch in range(4):
+        sink(view_at(spark, epoch).withColumn("g", F.col("id") % 3), epoch)
+    rows = pa.concat_tables(feed(spark, local_target, str(tmp_path / "ckpt")))
+    cols = ["id", "v", "g"]
+    for v in range(DeltaTable(local_target).version() + 1):
+        before = multiset(target_table(local_target, v - 1), cols) if v else Counter()
+        after = multiset(target_table(local_target, v), cols)
+        assert signed(rows, v, +1, cols) == after - before and signed(rows, v, -1, cols) == before - after
