@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             target, name, options, small = _target(args)
             result = status(target, name, options, history=args.history, small_rows=small)
+            if result.table_version is None:
+                raise ConfigError(f"no Delta table at {target}")
             print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
             return 0
         if args.command == "promote":

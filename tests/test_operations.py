@@ -200,3 +200,30 @@ def test_the_metrics_table_gets_each_committed_epoch_once_even_after_a_gap(spark
     assert reports[1].outcome == "unchanged"
     assert record(metrics, "m", local_target, {}, 2) == 0  # already there: nothing twice
     assert DeltaTable(metrics).to_pyarrow_table().num_rows == 3
+
+
+def test_the_commands_reach_a_store_through_storage_options_or_a_job_file(
+    spark, s3_target, s3_options, tmp_path, capsys
+):
+    sink = MVSink(s3_target, "opts", storage_options=s3_options, max_rows_per_file=4)
+    sink(people(spark, range(6)), 0)
+    sink(people(spark, range(8)), 1)
+    flags = [f for k, v in s3_options.items() for f in ("--storage-option", f"{k}={v}")]
+    assert main(["status", s3_target, "--json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 8
+    spark.range(8).selectExpr("id", "concat('n', id) as name", "id / 2 as x").createOrReplaceTempView("eight")
+    assert main(["verify", s3_target, "--sql", "SELECT * FROM eight", *flags]) == 0
+    assert main(["compact", s3_target, "--name", "opts", "--max-rows-per-file", "100", *flags]) == 0
+    assert main(["vacuum", s3_target, *flags]) == 0
+    out, err = capsys.readouterr()
+    assert "compacted" in out and "would delete" in out and err == ""  # no progress off a terminal
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[sink]\ntarget = "{s3_target}"\nname = "opts"\n[sink.storage_options]\n'
+        + "".join(f'{k} = "{v}"\n' for k, v in s3_options.items())
+    )
+    assert main(["status", "--job", str(job), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["views"][0]["view"] == "opts"
+    assert main(["status", s3_target]) == 2  # the environment's server has no such table
+    assert "no Delta table" in capsys.readouterr().err
+    assert verify(people(spark, range(8)), s3_target, "opts", s3_options).equal
