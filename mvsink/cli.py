@@ -79,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = args.max_rows_per_file or small * 4
             _progress(f"compacting {target} ...")
             cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
+            if args.job and not cluster:
+                from mvsink.job import JobConfig
+
+                cluster = JobConfig.load(args.job).sink.cluster_by
             print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
             return 0
         if args.command == "vacuum":
