@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from mvsink.errors import ConfigError, MVSinkError
+from mvsink.errors import ConfigError, MVSinkError, first_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,8 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # exit 2 means "error" (verify's 1 means "different")
-        first = (str(exc).strip().splitlines() or [""])[0][:500]
-        print(f"mvsink: {type(exc).__name__}: {first}", file=sys.stderr)
+        print(f"mvsink: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -37,6 +37,7 @@ from mvsink.errors import (
     StorageError,
     UnsupportedTableError,
     Where,
+    first_line,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
     except OSError as exc:  # the object store: endpoint, credentials, bucket
         raise StorageError(
-            f"cannot read the Delta log at {root}: {str(exc).strip().splitlines()[0][:500]}",
+            f"cannot read the Delta log at {root}: {first_line(exc)}",
             where,
         ) from exc
     features = _check_features(dt, where)
@@ -426,3 +427,11 @@ def foreign_append(target: str, rows: Sequence[Mapping[str, Any]]) -> None:
 def foreign_delete(target: str, predicate: str) -> None:
     """Delete rows as another writer would, with delta-rs's SQL-like predicate."""
     DeltaTable(table_root(target)).delete(predicate)
+
+
+def metadata_int(value: Any) -> int | None:
+    """An integer mvsink wrote into commit metadata (a string), or None if absent or not one."""
+    try:
+        return None if value in (None, "") else int(value)
+    except (TypeError, ValueError):
+        return None

@@ -119,3 +119,10 @@ class CommitOutcomeUnknownError(MVSinkError):
 
 class InvariantViolation(MVSinkError):
     """An internal check failed. Nothing was committed; please report it with the log."""
+
+
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """The first line of an exception's message (its type's name if it has none), for
+    messages that quote a lower layer's error without its traceback."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:limit]

@@ -28,7 +28,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from mvsink.delta import table_root
+from mvsink.delta import metadata_int, table_root
 from mvsink.errors import StorageError, Where
 
 log = logging.getLogger(__name__)
@@ -109,11 +109,7 @@ def record(metrics_table: str, view: str, target: str, storage_options: Mapping[
 
 def _row(commit: Mapping[str, Any], view: str, target: str) -> dict[str, Any]:
     def number(key: str) -> int | None:
-        value = commit.get(key)
-        try:
-            return None if value in (None, "") else int(value)
-        except (TypeError, ValueError):
-            return None
+        return metadata_int(commit.get(key))
 
     seconds = commit.get("mvsink.seconds")
     return {

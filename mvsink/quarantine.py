@@ -27,7 +27,7 @@ from pyspark.sql.types import DataType, StructType
 
 from mvsink.config import SinkOptions
 from mvsink.delta import load_snapshot
-from mvsink.errors import ConfigError, Where
+from mvsink.errors import ConfigError, Where, first_line
 from mvsink.rules import RULE, Rules, rules_for
 
 if TYPE_CHECKING:
@@ -56,10 +56,9 @@ def check_expressions(batch: DataFrame, opts: SinkOptions, where: Where) -> None
         try:
             result = batch.select(F.expr(expression).alias("c")).schema["c"].dataType.typeName()
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
                 f"option 'checks' ({i}: {expression!r}) is not an SQL expression over the view's "
-                f"columns: {first}",
+                f"columns: {first_line(exc, 300)}",
                 where,
             ) from None
         if result != "boolean":

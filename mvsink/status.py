@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mvsink.cadence import at_key
-from mvsink.delta import load_snapshot
+from mvsink.delta import load_snapshot, metadata_int
 from mvsink.errors import Where
 
 FORMAT = 1
@@ -151,13 +151,13 @@ def _view(snap: Any, view: str, commits: list[dict[str, Any]]) -> ViewStatus:
         last = LastCommit(
             version=int(newest["version"]),
             timestamp_ms=int(newest.get("timestamp") or snap.transaction(at_key(app)) or 0),
-            epoch=_int(newest.get("mvsink.epoch")),
-            inserted=_int(newest.get("mvsink.inserted")) or 0,
-            retracted=_int(newest.get("mvsink.retracted")) or 0,
+            epoch=metadata_int(newest.get("mvsink.epoch")),
+            inserted=metadata_int(newest.get("mvsink.inserted")) or 0,
+            retracted=metadata_int(newest.get("mvsink.retracted")) or 0,
             lineage=newest.get("mvsink.lineage"),
             writer=newest.get("mvsink.writer"),
         )
-    attempts = [_int(c.get("mvsink.attempts")) or 1 for c in mine]
+    attempts = [metadata_int(c.get("mvsink.attempts")) or 1 for c in mine]
     active = snap.transaction(f"{app}#active")
     writer = None
     if active is not None:
@@ -177,10 +177,3 @@ def _view(snap: Any, view: str, commits: list[dict[str, Any]]) -> ViewStatus:
         retried_commits=sum(1 for a in attempts if a > 1),
         conflicts=sum(a - 1 for a in attempts),
     )
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return None if value in (None, "") else int(value)
-    except (TypeError, ValueError):
-        return None

@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from mvsink.delta import DataFile, NewFile, is_local, partition_string
-from mvsink.errors import InputError, InvariantViolation, StorageError, Where
+from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
 from mvsink.stats import metadata_stats
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class Store:
             self.fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
         except Exception as exc:
             raise StorageError(
-                f"cannot reach the target's storage at {self.root}: {_first_line(exc)}. Check the "
+                f"cannot reach the target's storage at {self.root}: {first_line(exc)}. Check the "
                 "sink's storage_options (endpoint, credentials, region) and that the bucket or "
                 "container exists.",
                 where,
@@ -249,11 +249,6 @@ def _by_name(names: Sequence[str], path: str) -> dict[str, str]:
             raise InvariantViolation(f"data file {path} holds columns {out[name.lower()]!r} and {name!r}")
         out[name.lower()] = name
     return out
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
 
 
 def _cast(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from mvsink.delta import Snapshot, load_snapshot
 from mvsink.distributed import stored_rows, with_fingerprints
-from mvsink.errors import ConfigError, InputError, Where
+from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.fingerprint import FP_A, FP_B
 from mvsink.rules import rules_for
 from mvsink.schema import check_fits, check_supported, stored_struct, target_struct
@@ -183,8 +183,7 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         )
         query.awaitTermination()
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
-        raise InputError(f"the job's query failed: {first}", where) from None
+        raise InputError(f"the job's query failed: {first_line(exc)}", where) from None
     if not os.path.exists(out):  # no batch ran: the sources hold nothing yet
         empty: DataFrame = spark.createDataFrame([], stream.schema)
         return empty

@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
-from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where
+from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where, first_line
 from mvsink.fingerprint import fingerprints, quote
 from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import arrow_schema
@@ -61,7 +61,7 @@ def in_task(what: str) -> Iterator[None]:
         kind = type(exc).__name__ if type(exc).__name__ in _TASK_ERRORS else "InvariantViolation"
         raise ValueError(f"{_TASK_ERROR}{kind}: {exc.message}") from None
     except OSError as exc:
-        text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:500]
+        text = first_line(exc)
         raise ValueError(f"{_TASK_ERROR}StorageError: {what}: {text}") from None
 
 
