@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mvsink.cadence import Cadence
-from mvsink.delta import REMOTE_SCHEMES
+from mvsink.delta import REMOTE_SCHEMES, nested
 from mvsink.errors import ConfigError, Where
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -210,7 +210,7 @@ class SinkOptions(_Frozen):
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
         for option in ("errors_target", "metrics_table"):
             other = getattr(self, option)
-            if other is not None and _overlap(self.target, other):
+            if other is not None and nested(self.target, other):
                 raise ValueError(
                     f"option {option!r}: {other!r} is the target or lies inside it (or holds it): "
                     "a table inside another's folder is lost to the other's vacuum"
@@ -259,12 +259,6 @@ class SinkOptions(_Frozen):
         if not isinstance(sink, dict):
             raise ConfigError(f"{path}: no [sink] table")
         return cls.build(**{**sink, **overrides})
-
-
-def _overlap(a: str, b: str) -> bool:
-    """Whether one of two table locations is the other or inside it."""
-    x, y = a.rstrip("/") + "/", b.rstrip("/") + "/"
-    return x.startswith(y) or y.startswith(x)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

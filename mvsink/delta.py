@@ -12,6 +12,7 @@ import datetime
 import decimal
 import logging
 import os
+import posixpath
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,7 +73,34 @@ def table_root(target: str) -> str:
     if parsed.scheme not in ("", "file"):
         return target.rstrip("/")
     path = unquote(parsed.path) if parsed.scheme == "file" else target
-    return os.path.abspath(path).rstrip("/") or "/"
+    return os.path.normpath(os.path.abspath(path)).rstrip("/") or "/"
+
+
+# Spellings of one store: ``s3a://b/t`` and ``s3://b/t`` are the same table.
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "abfs": "abfss", "azure": "az", "gcs": "gs"}
+
+
+def location(target: str) -> tuple[str, str, str]:
+    """A table location as ``(scheme, bucket or host, path)``, normalised so that two
+    spellings of one folder compare equal: ``file://`` and relative paths become absolute
+    local paths, ``..`` and repeated or trailing slashes are resolved, ``s3a://`` is
+    ``s3://``, and the bucket (host) is lower-cased."""
+    parsed = urlparse(target)
+    scheme = parsed.scheme.lower()
+    if scheme in ("", "file"):
+        return "file", "", table_root(target)
+    path = posixpath.normpath("/" + parsed.path.lstrip("/"))
+    return _SCHEME_ALIASES.get(scheme, scheme), parsed.netloc.lower(), path.rstrip("/") or "/"
+
+
+def nested(a: str, b: str) -> bool:
+    """Whether one of two table locations is the other or lies inside it (in which case the
+    outer table's vacuum would delete the inner table's files)."""
+    x, y = location(a), location(b)
+    if x[:2] != y[:2]:
+        return False
+    px, py = x[2].rstrip("/") + "/", y[2].rstrip("/") + "/"
+    return px.startswith(py) or py.startswith(px)
 
 
 @dataclass(frozen=True)
@@ -164,6 +192,7 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
         ) from exc
     features = _check_features(dt, where)
     meta = dt.metadata()
+    _check_transaction_retention(meta.configuration, where)
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -234,6 +263,25 @@ def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
             where,
         )
     return frozenset(features)
+
+
+TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"
+
+
+def _check_transaction_retention(configuration: Mapping[str, str | None], where: Where) -> None:
+    """Refuse a table whose app transactions expire. mvsink keeps every view's frontier, its
+    lineages' fences and its active writer as app transactions; Delta drops those not written
+    for this long when it loads the table, so a fenced job would take the view back and a
+    query down for longer would replay a landed batch (twice the rows in append mode)."""
+    retention = configuration.get(TRANSACTION_RETENTION)
+    if retention:
+        raise UnsupportedTableError(
+            f"the target sets {TRANSACTION_RETENTION} = {retention!r}: Delta then forgets app "
+            "transactions, and with them the view's frontier and fences, so batches could land "
+            f"twice and fenced jobs write again. Unset it (ALTER TABLE ... UNSET TBLPROPERTIES "
+            f"('{TRANSACTION_RETENTION}')) or point the view at another table.",
+            where,
+        )
 
 
 def read_frontier(target: str, app_id: str, storage_options: Mapping[str, str]) -> int | None:

@@ -156,8 +156,7 @@ class Lineage:
         """The app transactions a commit of this lineage at ``upper`` records (besides the
         frontier): its own frontier, and, unless it owns the view, the next generation."""
         d = _digest(self.name)
-        # Restamped by every commit: a table with delta.setTransactionRetentionDuration drops
-        # app transactions not written for that long, and ownership must not expire.
+        # (Tables whose app transactions expire are refused: delta.TRANSACTION_RETENTION.)
         generation = self.owner if self.owns and self.owner is not None else (self.owner or 0) + 1
         return {
             f"{self.app_id}@{d}": upper,

@@ -175,6 +175,11 @@ class Store:
         infos = self.fs.get_file_info(list(paths)) if paths else []
         return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
 
+    def directories(self, paths: Sequence[str]) -> list[str]:
+        """Those of ``paths`` that are folders (on an object store: prefixes of some object)."""
+        infos = self.fs.get_file_info(list(paths)) if paths else []
+        return [self._relative(i.path) for i in infos if i.type == pafs.FileType.Directory]
+
     def delete(self, paths: Iterable[str]) -> None:
         """Delete files; one already gone is no error."""
         fs = self.fs

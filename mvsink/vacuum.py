@@ -76,6 +76,7 @@ def vacuum(
     table = DeltaTable(snap.root, storage_options=options or None)
     try:
         found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
+        _refuse_nested_tables(store, found, where)
         sizes = store.sizes(found)
         data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
     except DeltaError as exc:
@@ -94,13 +95,32 @@ def vacuum(
     )
 
 
+def _refuse_nested_tables(store: Store, candidates: list[str], where: Where) -> None:
+    """Refuse to vacuum a table that holds another Delta table in a sub-folder: a full vacuum
+    takes the inner table's log and data files for unreferenced files of the outer one. The
+    folders checked are those of the files it would delete, so the check costs a request per
+    folder, not a listing of the table."""
+    folders = {p.rsplit("/", 1)[0] for p in candidates if "/" in p}
+    ancestors = {"/".join(f.split("/")[: i + 1]) for f in folders for i in range(f.count("/") + 1)}
+    logs = sorted(f"{a}/_delta_log" for a in ancestors if a.rsplit("/", 1)[-1] != "_delta_log")
+    found = store.directories(logs)
+    if found:
+        inner = found[0].removesuffix("/_delta_log")
+        raise ConfigError(
+            f"the table holds another Delta table in its folder ({inner}/): a vacuum would delete "
+            "that table's files. Move the inner table out of the target's folder, then vacuum.",
+            where,
+        )
+
+
 def _stale_entries(store: Store, snap: Snapshot) -> dict[str, int]:
     """Index entries of no live file under the table's current layout, older than an hour."""
     assert snap.schema_json is not None
     arrow = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by).arrow
     listed = store.listing(HIDDEN)
     views = {p.split("/")[1] for p in listed if p.count("/") >= 3 and p.split("/")[2] == "index"}
-    keep = {StoredIndex.of(store, v, arrow).path(f.key) for v in views for f in snap.files}
+    indexes = [StoredIndex.of(store, v, arrow) for v in views]  # one layout digest per view
+    keep = {index.path(f.key) for index in indexes for f in snap.files}
     now = time.time()
     return {
         p: size

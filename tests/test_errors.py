@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 import pytest
@@ -18,7 +19,7 @@ from mvsink import (
     SinkOptions,
     UnsupportedTableError,
 )
-from tests.helpers import assert_equal_to, versions
+from tests.helpers import assert_equal_to, target_table, versions
 from tests.test_sink import frame, people
 
 
@@ -64,6 +65,24 @@ def test_tables_with_deletion_vectors_or_column_mapping_are_refused(spark, targe
     with pytest.raises(UnsupportedTableError, match=feature) as info:
         unchanged_after(target, lambda: MVSink(target, "feat")(people(spark, range(3)), 0))
     assert info.value.target == target and info.value.epoch == 0
+
+
+def test_a_table_whose_app_transactions_expire_is_refused(spark, local_target, caplog):
+    """With delta.setTransactionRetentionDuration, delta-rs forgets app transactions not
+    written for that long: the frontier of a query that was down longer goes, and an append
+    mode replay lands twice; so do fences. The table is refused, whenever the property
+    appears, and left as it was."""
+    sink = MVSink(local_target, "expiring", mode="append")
+    sink(people(spark, [1]), 0)
+    DeltaTable(local_target).alter.set_table_properties(
+        {"delta.setTransactionRetentionDuration": "interval 1 seconds"}
+    )
+    time.sleep(1.5)
+    replay = MVSink(local_target, "expiring", mode="append")  # a restart replaying batch 0
+    with pytest.raises(UnsupportedTableError, match=r"delta\.setTransactionRetentionDuration") as info:
+        unchanged_after(local_target, lambda: replay(people(spark, [1]), 0))
+    assert info.value.epoch == 0 and "UNSET TBLPROPERTIES" in str(info.value)
+    assert target_table(local_target).num_rows == 1
 
 
 @pytest.mark.parametrize(

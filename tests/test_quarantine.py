@@ -89,6 +89,44 @@ def test_bad_rules_and_options_are_config_errors_and_write_nothing(spark, local_
     assert not os.path.exists(local_target)
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "file://{t}/errors",  # a URI of the same folder
+        "{parent}/x/../view/errors",  # a path through '..'
+        "{t}//errors/",  # doubled and trailing slashes
+        "{relative}/errors",  # relative to the working directory
+    ],
+)
+def test_a_table_inside_the_view_is_refused_however_it_is_spelled(local_target, spelling, monkeypatch):
+    """An errors or metrics table inside the view's folder would be deleted by the view's
+    vacuum (which takes its log and files for unreferenced files): every spelling of such a
+    location is refused, not only the one the target is spelled in."""
+    parent = os.path.dirname(local_target)
+    monkeypatch.chdir(os.path.dirname(parent))
+    relative = os.path.join(os.path.basename(parent), "view")
+    other = spelling.format(t=local_target, parent=parent, relative=relative)
+    for target in (local_target, relative):
+        with pytest.raises(ConfigError, match="inside it"):
+            MVSink(target, "v", on_error="table", errors_target=other)
+        with pytest.raises(ConfigError, match="inside it"):
+            MVSink(target, "v", metrics_table=other)
+    # A sibling that only shares a prefix is not inside.
+    MVSink(local_target, "v", metrics_table=local_target + "_metrics")
+
+
+def test_object_store_spellings_of_one_folder_are_one_table():
+    from mvsink.delta import nested
+
+    assert nested("s3://lake/view", "s3a://lake/view/errors")
+    assert nested("s3://Lake/view/", "s3://lake//view/./errors")
+    assert nested("abfss://c@acct.dfs.core.windows.net/v", "abfs://c@acct.dfs.core.windows.net/v/m")
+    assert not nested("s3://lake/view", "s3://lake/view_errors")
+    assert not nested("s3://lake/view", "gs://lake/view/errors")
+    with pytest.raises(ConfigError, match="inside it"):
+        MVSink("s3://lake/view", "v", metrics_table="s3a://LAKE/view/metrics")
+
+
 def test_the_errors_table_follows_the_view_through_a_takeover_and_a_fenced_writer(spark, local_target):
     errors = local_target + "_errors"
     options = {**RULES, "on_error": "table", "heartbeat": 0}
