@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -61,18 +61,32 @@ def app_id(view: str, target: str) -> str:
     return f"mvsink-metrics:{view}@{digest}"
 
 
-def record(metrics_table: str, view: str, target: str, storage_options: Mapping[str, str], upto: int) -> int:
+def record(
+    metrics_table: str,
+    view: str,
+    target: str,
+    storage_options: Mapping[str, str],
+    upto: int,
+    *,
+    _before_commit: Callable[[], None] | None = None,
+) -> int:
     """Append the rows of view ``view``'s commits in ``target`` up to version ``upto`` that the
-    metrics table does not hold yet; returns how many were appended."""
+    metrics table does not hold yet; returns how many were appended.
+
+    The append is committed against the very snapshot the range was read from (strict, no
+    delta-rs retry): a concurrent append of a replica makes it conflict and start over,
+    never land on top with the same rows."""
     options = dict(storage_options) or None
     app = app_id(view, target)
     where = Where(view, metrics_table)
     for _ in range(_ATTEMPTS):
         try:
+            table: DeltaTable | str
             try:
-                last = DeltaTable(metrics_table, storage_options=options).transaction_version(app)
+                table = DeltaTable(metrics_table, storage_options=options)
+                last = table.transaction_version(app)
             except TableNotFoundError:
-                last = None
+                table, last = metrics_table, None  # created by the append: a second creator conflicts
             if last is not None and last >= upto:
                 return 0
             start = max(-1 if last is None else last, upto - MAX_BACKFILL)
@@ -85,13 +99,15 @@ def record(metrics_table: str, view: str, target: str, storage_options: Mapping[
                 if start < int(c["version"]) <= upto and c.get("mvsink.view") == view and "mvsink.epoch" in c
             ]
             rows.sort(key=lambda r: r["version"])
-            table = pa.Table.from_pylist(rows, schema=SCHEMA)
+            rows_table = pa.Table.from_pylist(rows, schema=SCHEMA)
         except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
             raise StorageError(f"cannot read the view's commits for the metrics table: {exc}", where) from exc
         try:
+            if _before_commit is not None:
+                _before_commit()
             write_deltalake(
-                metrics_table,
                 table,
+                rows_table,
                 mode="append",
                 storage_options=options,
                 commit_properties=CommitProperties(

@@ -182,6 +182,23 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
     assert "refused" in capsys.readouterr().err and os.path.exists(in_flight)
 
 
+def test_vacuum_refuses_a_table_that_holds_another_table(spark, local_target, capsys):
+    """A Delta table made inside the view's folder (by hand, or before mvsink refused such
+    options) is not referenced by the view's log: a full vacuum would delete it."""
+    from deltalake import write_deltalake
+
+    MVSink(local_target, "people")(people(spark, range(5)), 0)
+    inner = os.path.join(local_target, "errors")
+    write_deltalake(inner, pa.table({"id": [1, 2]}))
+    for path in _files(inner):
+        _age(path, 30)  # older than the view's retention: vacuum candidates
+    before = _files(local_target)
+    assert main(["vacuum", local_target, "--apply"]) == 2
+    assert "another Delta table in its folder (errors/)" in capsys.readouterr().err
+    assert _files(local_target) == before
+    assert DeltaTable(inner).to_pyarrow_table().num_rows == 2
+
+
 def _files(folder: str) -> set[str]:
     return {os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs}
 
@@ -200,6 +217,22 @@ def test_the_metrics_table_gets_each_committed_epoch_once_even_after_a_gap(spark
     assert reports[1].outcome == "unchanged"
     assert record(metrics, "m", local_target, {}, 2) == 0  # already there: nothing twice
     assert DeltaTable(metrics).to_pyarrow_table().num_rows == 3
+
+
+def test_two_replicas_appending_the_same_range_to_the_metrics_table_append_it_once(
+    spark, local_target, tmp_path
+):
+    """Replica A reads the range, replica B appends it, then A commits: A's commit must be
+    made against the snapshot it read (a conflict), not land on top with the same rows."""
+    metrics = str(tmp_path / "metrics")
+    sink = MVSink(local_target, "m")
+    for epoch in range(3):
+        sink(people(spark, range(3 + epoch)), epoch)
+    record(metrics, "m", local_target, {}, 0)  # the table exists, holding version 0
+    racing = once(lambda: record(metrics, "m", local_target, {}, 2))  # B, in A's window
+    assert record(metrics, "m", local_target, {}, 2, _before_commit=racing) == 0
+    got = sorted(r["version"] for r in DeltaTable(metrics).to_pyarrow_table().to_pylist())
+    assert got == [0, 1, 2]
 
 
 def test_the_commands_reach_a_store_through_storage_options_or_a_job_file(
