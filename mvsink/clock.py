@@ -4,16 +4,28 @@
 within one lineage (``lineage.py``).
 
 ``clock = "source_offsets"``: an epoch's time is the end offsets of the micro-batch, as the
-query records them in its checkpoint (``<checkpoint>/offsets/<batch id>``), flattened to named
-integers (``"0.version"`` for the first source's ``{"version": n}``). Queries reading the same
-sources (``mvsink-delta`` offsets are Delta versions) then share a clock, whatever their
-checkpoints. A callable ``(batch_df, batch_id) -> int | dict`` gives the time any other way.
+query records them in its checkpoint (``<checkpoint>/offsets/<batch id>``), as named integers
+that each only grow, in each source kind's own order:
 
-The time of the last commit is kept in the target as app transactions ``mvsink:<view>~<name>``.
-An epoch commits only if it is **ahead**: at or beyond the committed time in every component
-and beyond in at least one. Behind or incomparable (the replicas disagree on which is later),
-it writes nothing. So active-active replicas with separate checkpoints never move the view
-back, and each committed version holds desired as of the time it records.
+* Delta's streaming source (``{"reservoirVersion": v, "index": i, ...}``) is ordered by
+  ``(v, i)`` lexicographically (``i`` restarts as ``v`` grows): one part ``"<n>.delta"``;
+* any other source (``mvsink-delta``'s ``{"version": n}``, Kafka's
+  ``{"topic": {"partition": offset}}``, files' ``{"logOffset": n}``, a plain number) has a part
+  per integer leaf, by dotted name (``"0.version"``, ``"1.topic.3"``);
+* a source without an offset yet (``-``) has no parts.
+
+A part one time has and the other lacks counts as below every offset there: a source's first
+offset, or a Kafka topic's new partition, starts from nothing. ``clock = callable``
+``(batch_df, batch_id) -> int | dict`` gives the time any other way.
+
+The time of the last commit is kept in the target as app transactions ``mvsink:<view>~<part>``
+(and ``~parts``, how many it had). An epoch commits only if it is **ahead**: at or beyond the
+committed time in every part and beyond in at least one. Behind or incomparable (the replicas
+disagree on which is later), it writes nothing. So active-active replicas with separate
+checkpoints never move the view back, and each committed version holds desired as of the time
+it records. An epoch that stays behind or incomparable while the committed time does not move
+is a **stall** (``Stall``): a WARNING each epoch naming both times, and ``mvsink status`` shows
+it.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from mvsink.errors import ConfigError, Where
@@ -31,6 +44,7 @@ if TYPE_CHECKING:
 
     from mvsink.config import SinkOptions
     from mvsink.delta import Snapshot
+    from mvsink.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +72,41 @@ def read_checkpoint_file(
 
 
 def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:
-    """The end offsets Spark recorded for ``batch_id`` (``offsets/<id>``), flattened."""
+    """The end offsets Spark recorded for ``batch_id`` (``offsets/<id>``), as a time."""
     assert opts.checkpoint is not None
     text = read_checkpoint_file(opts.checkpoint, f"offsets/{batch_id}", opts.storage_options, where)
     lines = text.splitlines()
     if not lines or lines[0].strip() != "v1":
         raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint} is not in a format mvsink knows", where)
     # After the version and the batch's metadata: one line per source, its offset as JSON, or
-    # "-" for a source with none yet (counted as -1, so that every batch names the same parts).
-    sources: dict[str, Any] = {}
+    # "-" for a source with none yet.
+    out: Time = {}
     for i, line in enumerate(lines[2:]):
+        if line.strip() == "-":
+            continue
         try:
-            sources[str(i)] = -1 if line.strip() == "-" else json.loads(line)
+            offset = json.loads(line)
         except ValueError as exc:
             raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint}: source {i}: {exc}", where) from None
-    return flatten(sources, where)
+        out.update(source_parts(str(i), offset, where))
+    return out
+
+
+_DELTA_INDEX_BITS = 32
+
+
+def source_parts(name: str, offset: Any, where: Where) -> Time:
+    """One source's offset as parts that each only grow (see the module doc)."""
+    if isinstance(offset, Mapping) and "reservoirVersion" in offset and "index" in offset:
+        # Delta's source: (version, index of the file within it) in lexicographic order, the
+        # index starting at -1 before the version's first file.
+        version, index = int(offset["reservoirVersion"]), int(offset["index"]) + 1
+        if not (0 <= index < 1 << _DELTA_INDEX_BITS and 0 <= version < 1 << (62 - _DELTA_INDEX_BITS)):
+            raise ConfigError(
+                f"source {name}: a Delta offset out of the range mvsink orders: {offset}", where
+            )
+        return {f"{name}.delta": version << _DELTA_INDEX_BITS | index}
+    return flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
 
 
 def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -> Time | None:
@@ -113,42 +147,116 @@ def flatten(value: Any, where: Where, prefix: str = "") -> Time:
     return out
 
 
-def _names_id(app_id: str, names: list[str]) -> str:
-    return f"{app_id}~names@" + hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+_OTHER_PARTS = "(parts this time lacks)"
+_MISSING = -(2**63)  # below every offset: where a time has no such part
 
 
 def committed_time(snap: Snapshot, app_id: str, names: list[str]) -> Time | None:
-    """The time of the last commit made under this clock, or None. A commit whose time had
-    other parts (another set of sources) is returned with a part this time lacks, so that
-    ``compare`` finds the two incomparable."""
-    found = {n: snap.transaction(f"{app_id}~{n}") for n in names}
-    if all(v is None for v in found.values()) and snap.transaction(f"{app_id}~names") is None:
-        return None
-    out = {n: v for n, v in found.items() if v is not None}
-    if snap.transaction(_names_id(app_id, names)) != snap.transaction(f"{app_id}~names"):
-        out["(other sources)"] = 0
-    return out
+    """The time of the last commit made under this clock (None: none was), as far as it can be
+    compared with a time of parts ``names``. Committed parts that ``names`` lack are counted
+    under one part no time has, so ``compare`` finds such a time behind in it.
+
+    (A commit is made only when its time is ahead, so it has every part of the committed time
+    before it: the parts recorded in the table are those of the last commit, and ``~parts``
+    says how many there are.)"""
+    found = {n: v for n in names if (v := snap.transaction(f"{app_id}~{n}")) is not None}
+    count = snap.transaction(f"{app_id}~parts")
+    if count is None:
+        # Never committed under a clock, or by mvsink before parts were counted (those tables
+        # have ``~names``): compared on the parts both times have.
+        return found if found or snap.transaction(f"{app_id}~names") is not None else None
+    if count > len(found):
+        found[_OTHER_PARTS] = 0
+    return found
 
 
 def compare(time: Time, committed: Time | None) -> Verdict:
-    """Where ``time`` stands against the committed time (see the module doc)."""
+    """Where ``time`` stands against the committed time (see the module doc); a part one of
+    them lacks is below every offset there."""
     if committed is None:
         return "ahead"
-    if set(committed) - set(time):
-        return "incomparable"
-    ahead = any(time[k] > committed.get(k, -(2**63)) for k in time)
-    behind = any(time[k] < committed[k] for k in committed)
+    parts = set(time) | set(committed)
+    ahead = any(time.get(k, _MISSING) > committed.get(k, _MISSING) for k in parts)
+    behind = any(time.get(k, _MISSING) < committed.get(k, _MISSING) for k in parts)
     if ahead and behind:
         return "incomparable"
     return "ahead" if ahead else "behind" if behind else "same"
 
 
 def transactions(app_id: str, time: Time) -> dict[str, int]:
-    """The app transactions recording ``time`` as the committed time: its parts, and which
-    parts it had (a tag both under its names' digest and as the current one)."""
-    tag = int(hashlib.sha256("\n".join(sorted(time)).encode()).hexdigest()[:12], 16)
-    return {
-        **{f"{app_id}~{k}": v for k, v in time.items()},
-        _names_id(app_id, list(time)): tag,
-        f"{app_id}~names": tag,
-    }
+    """The app transactions recording ``time`` as the committed time: its parts and their
+    number."""
+    return {**{f"{app_id}~{k}": v for k, v in time.items()}, f"{app_id}~parts": len(time)}
+
+
+STALL_EPOCHS = 3
+"""Epochs in a row behind or incomparable, with the committed time standing still, after which
+a sink reports the view as stalled."""
+
+
+def stall_folder(view: str) -> str:
+    """Where sinks of ``view`` leave a note while they are stalled (``mvsink status`` reads it)."""
+    from mvsink.index import HIDDEN
+
+    return f"{HIDDEN}/{view}/stalled"
+
+
+@dataclass
+class Stall:
+    """One sink's run of epochs that wrote nothing under a shared clock although the committed
+    time did not move: nobody advances the view, so it goes stale (an offset this clock
+    cannot order, a replica that fell behind for good). Kept by the sink across epochs."""
+
+    committed: Time | None = None
+    """The committed time the run started from (a run ends when it moves)."""
+    since: int | None = None
+    """The first epoch of the run."""
+    epochs: int = 0
+    note: str | None = None
+    """The note left in storage while stalled (deleted when the sink moves again)."""
+
+    def observe(self, verdict: Verdict, committed: Time | None, epoch: int) -> bool:
+        """Count this epoch; whether the view is stalled now."""
+        if verdict in ("ahead", "same"):
+            self.committed, self.since, self.epochs = None, None, 0
+            return False
+        if committed != self.committed or self.since is None:
+            self.committed, self.since, self.epochs = committed, epoch, 0
+        self.epochs += 1
+        return self.epochs > STALL_EPOCHS
+
+    def leave_note(self, store: Store, view: str, who: str, fields: Mapping[str, Any], where: Where) -> None:
+        """Say in storage that this sink is stalled; best-effort (a WARNING says it anyway)."""
+        path = f"{stall_folder(view)}/{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
+        try:
+            store.put(path, json.dumps({**fields, "since_epoch": self.since}, sort_keys=True).encode())
+            self.note = path
+        except Exception as exc:
+            log.warning("%s: could not leave the stall note %s: %s", where, path, exc)
+
+    def clear_note(self, store: Store, where: Where) -> None:
+        if self.note is None:
+            return
+        try:
+            store.delete([self.note])
+            self.note = None
+        except Exception as exc:
+            log.warning("%s: could not delete the stall note %s: %s", where, self.note, exc)
+
+
+def stall_notes(store: Store, snap: Snapshot, view: str) -> list[dict[str, Any]]:
+    """The notes of sinks of ``view`` still stalled at ``snap``: those whose committed time is
+    still the table's (a note whose time moved on is of a stall that ended)."""
+    out = []
+    for path in sorted(store.files(stall_folder(view))):
+        data = store.get(path)
+        try:
+            note = json.loads(bytes(data.to_pybytes()).decode()) if data is not None else None
+        except ValueError:
+            continue
+        if not isinstance(note, dict) or not isinstance(note.get("time"), dict):
+            continue
+        now = committed_time(snap, f"mvsink:{view}", list(note["time"]))
+        if now == note.get("committed"):
+            out.append(note)
+    return out

@@ -52,11 +52,11 @@ from pyspark.sql import DataFrame
 
 from mvsink.append import Append
 from mvsink.cadence import Cadence, at_key, now_ms
-from mvsink.clock import Time, batch_start, committed_time, compare, epoch_time
+from mvsink.clock import Stall, Time, Verdict, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
 from mvsink.config import SinkOptions
-from mvsink.context import EpochContext
+from mvsink.context import DriverBudget, EpochContext
 from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
 from mvsink.errors import (
     CommitOutcomeUnknownError,
@@ -122,6 +122,8 @@ class MVSink:
         self._probed = False
         self._seen_lineage: str | None = None
         self._errors: Quarantine | None = None  # on_error = "table": the errors table's sink
+        self._budget = DriverBudget()  # what collecting the view to the driver costs (placement)
+        self._stall = Stall()  # under a shared clock: epochs in a row that could not advance the view
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -297,7 +299,7 @@ class _Epoch:
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
         self.lineage = sink._lineage(lineage_of(desired, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
-        self.ctx = EpochContext(desired, self.opts, self.where, sink.store)
+        self.ctx = EpochContext(desired, self.opts, self.where, sink.store, budget=sink._budget)
         self.mode: Mode
         if self.opts.mode == "complete":
             self.mode = Complete(self.ctx, sink._index)
@@ -356,6 +358,8 @@ class _Epoch:
                 )
                 ctx.drain()
                 return self._report("fenced", snap.frontier, None, None, attempt)
+            if verdict is not None:
+                self._watch_stall(verdict, committed)
             if desc in ("replay", "before_as_of", "fenced"):
                 if desc == "fenced":
                     log.warning(
@@ -450,6 +454,39 @@ class _Epoch:
             "retry.max_attempts or make it commit less often.",
             self.where,
         )
+
+    def _watch_stall(self, verdict: Verdict, committed: Time | None) -> None:
+        """Under a shared clock, an epoch behind or incomparable writes nothing; when that goes
+        on while the committed time stands still, nobody advances the view (``clock.Stall``):
+        a WARNING each epoch, and a note ``mvsink status`` shows."""
+        stall, store = self.sink._stall, self.ctx.store
+        if not stall.observe(verdict, committed, self.epoch):
+            if verdict in ("ahead", "same"):
+                stall.clear_note(store, self.where)
+            return
+        log.warning(
+            "%s: the view is stalled: for %d epochs (since epoch %s) this sink's time was %s the "
+            "committed time, which did not move. This epoch's time: %s; committed: %s. Nothing "
+            "is written until a time is ahead of it: check that the replicas read the same "
+            "sources (docs/replicas.md)",
+            self.where,
+            stall.epochs,
+            stall.since,
+            verdict,
+            json.dumps(self.time, sort_keys=True),
+            json.dumps(committed, sort_keys=True),
+        )
+        who = f"{self.opts.writer or ''}\n{self.lineage}"
+        fields = {
+            "writer": self.opts.writer,
+            "lineage": self.lineage,
+            "epoch": self.epoch,
+            "verdict": verdict,
+            "time": self.time,
+            "committed": committed,
+            "at_ms": int(time.time() * 1000),
+        }
+        stall.leave_note(store, self.opts.name, who, fields, self.where)
 
     def _check_staged(self, staged: Staged) -> None:
         """Every staged file is in storage, whole, before a commit may reference it."""

@@ -3,7 +3,8 @@
 Everything comes from the latest snapshot (frontier, lineage and promotion app transactions,
 the file list) and the commit metadata mvsink writes with every commit (``mvsink.view``,
 ``mvsink.epoch``, ``mvsink.inserted`` ..., ``mvsink.attempts``) over the last ``history``
-commits. No data file is read, so it is cheap on any table and store.
+commits, plus the notes stalled sinks leave (``clock.Stall``). No data file is read, so it
+is cheap on any table and store.
 
 ``Status.to_json`` is the stable form behind ``mvsink status --json`` (docs/operations.md):
 fields are only ever added, never renamed or removed, and ``"format"`` names its version.
@@ -11,14 +12,17 @@ fields are only ever added, never renamed or removed, and ``"format"`` names its
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from mvsink.cadence import at_key
+from mvsink.clock import stall_notes
 from mvsink.delta import load_snapshot, metadata_int
 from mvsink.errors import Where
+from mvsink.storage import Store
 
 FORMAT = 1
 """Version of the JSON form; bumped only if a field changes meaning."""
@@ -57,6 +61,10 @@ class ViewStatus:
     """Of those, commits that lost at least one commit race before landing."""
     conflicts: int
     """Commit races lost by those commits in all."""
+    stalled: tuple[dict[str, Any], ...] = ()
+    """Sinks of the view stalled under a shared clock (``clock.Stall``): each says its writer,
+    lineage, the epoch it stalled ``since_epoch``, its last ``epoch``, ``time``, the
+    ``committed`` time it cannot pass and the ``verdict``. Empty: none."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,12 @@ class Status:
                 f"{v.active_writer or '(none: every replica writes)'}; {v.commits} commit(s) read, "
                 f"{v.retried_commits} retried, {v.conflicts} race(s) lost"
             )
+            for note in v.stalled:
+                lines.append(
+                    f"    STALLED: writer {note.get('writer')} (lineage {note.get('lineage')}) wrote nothing "
+                    f"since its epoch {note.get('since_epoch')}: its time {json.dumps(note.get('time'))} "
+                    f"is {note.get('verdict')} the committed {json.dumps(note.get('committed'))}"
+                )
         return "\n".join(lines)
 
 
@@ -128,7 +142,8 @@ def status(
     if name:
         names = [name]
     assert snap.version is not None
-    views = tuple(_view(snap, n, commits) for n in names)
+    store = Store(snap.root, options)
+    views = tuple(_view(snap, n, commits, stall_notes(store, snap, n)) for n in names)
     return Status(
         target=target,
         table_version=snap.version,
@@ -142,7 +157,7 @@ def status(
     )
 
 
-def _view(snap: Any, view: str, commits: list[dict[str, Any]]) -> ViewStatus:
+def _view(snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dict[str, Any]]) -> ViewStatus:
     app = f"mvsink:{view}"
     mine = [c for c in commits if c.get("mvsink.view") == view and "mvsink.epoch" in c]
     newest = max(mine, key=lambda c: int(c["version"])) if mine else None
@@ -176,4 +191,5 @@ def _view(snap: Any, view: str, commits: list[dict[str, Any]]) -> ViewStatus:
         commits=len(mine),
         retried_commits=sum(1 for a in attempts if a > 1),
         conflicts=sum(a - 1 for a in attempts),
+        stalled=tuple(stalled),
     )

@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from mvsink import ConfigError, LineageError, MVSink
+from mvsink import ConfigError, LineageError, MVSink, status
 from tests.helpers import commit_info, multiset, target_table, versions
 
 SCHEMA = "id long, v string"
@@ -172,3 +172,97 @@ def test_an_upsert_batch_starting_past_the_committed_offsets_is_refused(spark, t
     covering = checkpoint(tmp_path / "covering", "qc", {2: 4, 3: 9})  # covers (4, 9] ⊇ (5, 9]
     ok = MVSink(local_target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=covering)
     assert ok(rows, 3).outcome == "committed"
+
+
+def offsets_checkpoint(root: Path, query: str, batches: dict[int, list[str]]) -> str:
+    """A checkpoint whose batches end at the given source offset lines (JSON, or "-")."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "metadata").write_text(json.dumps({"id": query}))
+    for batch, sources in batches.items():
+        (root / "offsets" / str(batch)).write_text(
+            "v1\n" + '{"batchWatermarkMs":0}\n' + "\n".join(sources) + "\n"
+        )
+    return str(root)
+
+
+def delta_offset(version: int, index: int) -> str:
+    return json.dumps(
+        {
+            "sourceVersion": 1,
+            "reservoirId": "r",
+            "reservoirVersion": version,
+            "index": index,
+            "isStartingVersion": False,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        # A second source going from no offset to its first one.
+        [
+            ['{"version":1}', "-"],
+            ['{"version":2}', "-"],
+            ['{"version":2}', '{"version":0}'],
+            ['{"version":3}', '{"version":1}'],
+        ],
+        # Delta's own source: the file index restarts as the version grows.
+        [
+            [delta_offset(5, 1)],
+            [delta_offset(5, 3)],
+            [delta_offset(6, -1)],
+            [delta_offset(6, 1)],
+            [delta_offset(9, 0)],
+        ],
+        # A Kafka topic gaining a partition.
+        [['{"t":{"0":10}}'], ['{"t":{"0":12}}'], ['{"t":{"0":12,"1":0}}'], ['{"t":{"0":13,"1":4}}']],
+    ],
+    ids=["new-source", "delta-source", "kafka-partition"],
+)
+def test_each_source_kind_is_ordered_its_own_way_and_the_view_keeps_moving(
+    spark, tmp_path, local_target, batches
+):
+    ckpt = offsets_checkpoint(tmp_path / "c", "q", dict(enumerate(batches)))
+    sink = MVSink(local_target, "s", clock="source_offsets", checkpoint=ckpt, heartbeat=0)
+    for epoch in range(len(batches)):
+        rows = spark.createDataFrame([(epoch, "e")], SCHEMA)
+        assert sink(rows, epoch).outcome == "committed", f"epoch {epoch}"
+        assert multiset(target_table(local_target)) == {(epoch, "e"): 1}
+    # And a replay of any earlier batch (a replica behind) writes nothing.
+    assert MVSink(local_target, "s", clock="source_offsets", checkpoint=ckpt)(rows, 1).outcome == "replay"
+
+
+def test_a_view_that_stays_incomparable_is_reported_stalled(spark, tmp_path, local_target, caplog):
+    now: dict[str, int] = {"x": 5, "y": 5}
+    writer = MVSink(local_target, "v", clock=lambda df, epoch: dict(now), writer="a")
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    assert writer(rows, 0).outcome == "committed"
+    stuck = MVSink(local_target, "v", clock=lambda df, epoch: dict(now), writer="b", heartbeat=0)
+    now.update(x=6, y=4)  # incomparable with (5, 5), and nobody else moves the view
+    caplog.set_level("WARNING", logger="mvsink")
+    for epoch in range(1, 6):
+        assert stuck(rows, epoch).outcome == "replay"
+    warned = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(warned) == 2  # epochs 4 and 5: past STALL_EPOCHS (3) in a row
+    assert '"x": 6' in warned[-1] and '"x": 5' in warned[-1] and "incomparable" in warned[-1]
+    (view,) = status(local_target).views
+    (note,) = view.stalled
+    assert note["writer"] == "b" and note["since_epoch"] == 1 and note["verdict"] == "incomparable"
+    assert "STALLED: writer b" in str(status(local_target))
+    now.update(x=6, y=6)  # ahead again: it commits and the note goes
+    assert stuck(rows, 6).outcome == "committed"
+    assert status(local_target).views[0].stalled == ()
+
+
+def test_a_replica_behind_a_moving_view_is_not_stalled(spark, local_target, caplog):
+    now = {"t": 1}
+    lead = MVSink(local_target, "v", clock=lambda df, epoch: {"t": now["t"] + 1}, heartbeat=0)
+    lag = MVSink(local_target, "v", clock=lambda df, epoch: dict(now))
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    caplog.set_level("WARNING", logger="mvsink")
+    for epoch in range(6):
+        now["t"] = epoch
+        assert lead(rows, epoch).outcome == "committed"
+        assert lag(rows, epoch).outcome == "replay"  # always one behind, while the view moves
+    assert not [r for r in caplog.records if "stalled" in r.getMessage()]
