@@ -62,9 +62,8 @@ class Complete:
         if not snap.files and self.rows is None and self.hashed is None:
             return self._initial_load(layout, rules)
         self.index.sweep_once(self.stored, snap, ctx.where)
-        if ctx.placement(snap) == "distributed":
+        if ctx.placement(snap) == "distributed" or not self._collect(layout, rules):
             return self._plan_distributed(snap, layout, rules)
-        self._collect(layout, rules)
         assert self.rows is not None and self.fps is not None
         with ctx.phase("index"):
             ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
@@ -130,14 +129,17 @@ class Complete:
                 held.close()
         self.attempt = []
 
-    def _collect(self, layout: Layout, rules: Rules) -> None:
-        """Bring desired (and the rule each row breaks, if any) to the driver, once."""
+    def _collect(self, layout: Layout, rules: Rules) -> bool:
+        """Bring desired (and the rule each row breaks, if any) to the driver, once; False if
+        it is too big to (``EpochContext.collect``)."""
         if self.rows is not None and rules == self.ctx.checked_rules:
-            return
+            return True
         ctx = self.ctx
         cols = [F.col(quote(c)) for c in layout.struct.names]
         with ctx.phase("collect"):
-            table = ctx.batch.select(*cols, rules.broken()).toArrow()
+            table = ctx.collect(ctx.batch.select(*cols, rules.broken()))
+            if table is None:
+                return False
             ctx.batch_ran = True
         broken = table.column(RULE).drop_null()
         if len(broken):
@@ -148,6 +150,7 @@ class Complete:
                 self.rows = table.drop_columns([RULE]).cast(layout.arrow)
                 a, b = fingerprints(self.rows)
                 self.fps = Fingerprints(a, b)
+        return True
 
     def _rewrites(self, snap: Snapshot, drops: dict[int, I64]) -> tuple[Rewrite, ...]:
         """Files holding retracted rows, with their index entries; staging reads them."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from mvsink.config import SinkOptions
@@ -14,6 +17,34 @@ from mvsink.delta import Snapshot
 from mvsink.errors import Where
 from mvsink.rules import Rules, check_rows
 from mvsink.storage import Store
+
+log = logging.getLogger(__name__)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_bytes(text: str) -> int:
+    """A Spark size (``"8m"``, ``"1g"``, ``"512k"``, ``"1024"``) in bytes."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)i?b?\s*", text.lower())
+    if not found:
+        return _DEFAULT_RESULT_LIMIT
+    return int(found.group(1)) * _UNITS[found.group(2)]
+
+
+_EXPANSION = 4
+"""Bytes in Arrow per byte of Parquet, assumed for a view whose rows were never collected."""
+_DEFAULT_RESULT_LIMIT = 1 << 30  # Spark's default spark.driver.maxResultSize
+
+
+@dataclass
+class DriverBudget:
+    """What the sink learned, across epochs, about bringing the view to the driver."""
+
+    bytes_per_row: float | None = None
+    """Arrow bytes per row of the last batch collected (None: none was)."""
+
+    def learn(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.bytes_per_row = table.nbytes / table.num_rows
 
 
 @dataclass
@@ -31,6 +62,10 @@ class EpochContext:
     checked_rules: Rules | None = None
     """The target rules the batch's rows were last found to keep."""
     files_read: int = 0
+    budget: DriverBudget = field(default_factory=DriverBudget)
+    """Kept by the sink across epochs (``placement``)."""
+    on_driver: bool = True
+    """False once this epoch's batch proved too big for the driver: it plans distributed."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -50,13 +85,49 @@ class EpochContext:
 
     def placement(self, snap: Snapshot) -> str:
         """Where this attempt plans: the ``placement`` option, or for ``auto`` the driver while
-        the target holds at most ``driver_max_rows`` rows (``distributed.py`` above)."""
+        the target holds at most ``driver_max_rows`` rows and what the driver path collects
+        (about the target's size, in Arrow) fits in half of Spark's driver result limit
+        (``spark.driver.maxResultSize``). A batch that proves bigger falls back (``collect``)."""
         if self.opts.placement != "auto":
             return self.opts.placement
+        if not self.on_driver:
+            return "distributed"
         # A file without a row count (a foreign writer's, no statistics) counts a row per 8
         # bytes: an unknown table is taken for a big one.
         held = sum(f.num_records if f.num_records is not None else f.size // 8 for f in snap.files)
-        return "distributed" if held > self.opts.driver_max_rows else "driver"
+        if held > self.opts.driver_max_rows:
+            return "distributed"
+        per_row = self.budget.bytes_per_row
+        size = held * per_row if per_row is not None else _EXPANSION * sum(f.size for f in snap.files)
+        limit = self.result_limit()
+        return "distributed" if limit and size > limit / 2 else "driver"
+
+    def result_limit(self) -> int:
+        """Spark's ``spark.driver.maxResultSize`` in bytes (0: no limit)."""
+        try:
+            text = self.batch.sparkSession.conf.get("spark.driver.maxResultSize", None)
+        except Exception:  # not readable through this session (Spark Connect): the default
+            text = None
+        return _DEFAULT_RESULT_LIMIT if text is None else parse_bytes(text)
+
+    def collect(self, rows: DataFrame) -> pa.Table | None:
+        """``rows`` on the driver as Arrow; None if they are bigger than Spark lets a driver
+        collect under ``placement = "auto"`` (then this epoch plans distributed: a default
+        configuration never dies of the driver's result limit)."""
+        try:
+            table = rows.toArrow()
+        except Exception as exc:
+            if self.opts.placement != "auto" or "maxResultSize" not in str(exc):
+                raise
+            log.warning(
+                "%s: the batch is bigger than the driver may collect (spark.driver.maxResultSize): "
+                "this epoch plans in Spark tasks (placement 'distributed') instead",
+                self.where,
+            )
+            self.on_driver = False
+            return None
+        self.budget.learn(table)
+        return table
 
     def drain(self) -> None:
         """Run the micro-batch's plan without output, unless this epoch already ran it.

@@ -189,7 +189,9 @@ class Upsert:
         if self.touched is None:
             with ctx.phase("collect"):
                 cols = [F.col(quote(c)) for c in schema.names]
-                table = self.ranked.where(F.col(_RN) == 1).select(*cols, F.col(DEL)).toArrow()
+                table = ctx.collect(self.ranked.where(F.col(_RN) == 1).select(*cols, F.col(DEL)))
+                if table is None:  # too big for the driver
+                    return self._plan_distributed(snap, layout)
                 ctx.batch_ran = True  # the touched keys were collected from the whole batch
             with ctx.phase("fingerprint"):
                 rows = table.select(schema.names).cast(layout.arrow)

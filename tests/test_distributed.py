@@ -23,6 +23,7 @@ from mvsink.delta import load_snapshot
 from mvsink.errors import StorageError, Where
 from mvsink.index import HIDDEN, StoredIndex
 from mvsink.schema import arrow_schema, target_struct
+from mvsink.verify import verify
 from tests.helpers import assert_equal_to, live_files, target_table
 
 ROWS = 1_500_000  # 16 bytes of fingerprint a row: 24 MB, three times the 8 MB result limit
@@ -213,3 +214,31 @@ def test_a_data_file_gone_from_storage_is_a_storage_error_naming_it(spark, local
         fresh(desired.withColumn("v", F.lit(1).cast("long")), 1)
     assert info.value.view == "gone" and info.value.epoch == 1
     assert DeltaTable(local_target).version() == before
+
+
+def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
+    """``n`` rows of about 100 bytes each: 200K of them are 20 MB, over the 8 MB limit."""
+    return spark.range(n).select(
+        F.col("id"), F.concat(F.lit(tag), F.sha2(F.col("id").cast("string"), 256), F.lit("x" * 30)).alias("s")
+    )
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_target, mode, caplog):
+    """A 10-row target and a 20 MB batch: the driver path cannot collect it under the suite's
+    8 MB spark.driver.maxResultSize, so ``auto`` falls back to Spark tasks for that epoch,
+    and judges the next epochs by the view's size in bytes, not rows."""
+    options = {"mode": mode, "key": ["id"]} if mode == "upsert" else {}
+    sink = MVSink(local_target, "big", **options)
+    sink(wide(spark, 10, "a"), 0)
+    caplog.set_level("WARNING", logger="mvsink")
+    assert sink(wide(spark, 200_000, "b"), 1).outcome == "committed"
+    assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert verify(wide(spark, 200_000, "b"), local_target, "big").equal  # compared in Spark
+    caplog.clear()
+    batch = wide(spark, 200_000, "c") if mode == "upsert" else wide(spark, 200_000, "b").where("id != 5")
+    assert sink(batch, 2).outcome == "committed"
+    # Planned in tasks from the start: the view's bytes are over half the limit.
+    assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert verify(wide(spark, 200_000, "c") if mode == "upsert" else batch, local_target, "big").equal
+    assert "collect" not in sink.last_report.phases
