@@ -68,11 +68,22 @@ class StoredIndex:
     view: str
     digest: str
     """Of the table's Arrow schema and the fingerprint version (see the module doc)."""
+    fingerprint_version: int = FINGERPRINT_VERSION
+    """The fingerprint version of the process that made this value (the driver). A Spark
+    worker whose mvsink hashes rows another way must never write or use entries under it."""
 
     @staticmethod
     def of(store: Store, view: str, schema: pa.Schema) -> StoredIndex:
         text = f"{FINGERPRINT_VERSION}\n{schema.remove_metadata().to_string(show_field_metadata=False)}"
         return StoredIndex(store, view, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+    def _check_version(self) -> None:
+        if FINGERPRINT_VERSION != self.fingerprint_version:
+            raise InvariantViolation(
+                f"this process hashes rows with fingerprint version {FINGERPRINT_VERSION}, the driver "
+                f"with {self.fingerprint_version}: the Spark workers run another mvsink than the "
+                "driver. Install the driver's mvsink version on the workers."
+            )
 
     @property
     def root(self) -> str:
@@ -84,6 +95,7 @@ class StoredIndex:
 
     def put(self, key: str, size: int, entry: FileEntry) -> None:
         """Write the entry of the data file at ``key`` (of ``size`` bytes)."""
+        self._check_version()
         table = pa.table([pa.array(entry.a), pa.array(entry.b)], schema=_ENTRY_SCHEMA)
         table = table.replace_schema_metadata(
             {"mvsink.file": key, "mvsink.size": str(size), "mvsink.rows": str(len(entry))}
@@ -95,6 +107,7 @@ class StoredIndex:
 
     def get(self, file: DataFile) -> FileEntry | None:
         """The stored entry of ``file``, if there is one and it describes this very file."""
+        self._check_version()
         data = self.store.get(self.path(file.key))
         if data is None:
             return None

@@ -83,6 +83,7 @@ from mvsink.schema import (
 )
 from mvsink.storage import Store
 from mvsink.upsert import Upsert
+from mvsink.workers import check_workers
 from mvsink.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ class MVSink:
         with self._lock:
             if not self._probed:
                 self.store.probe(where)
+                check_workers(batch_df.sparkSession, where)
                 self._probed = True
             if self.options.checks or self.options.not_null:
                 check_expressions(batch_df, self.options, where)
