@@ -169,7 +169,7 @@ class Complete:
         for path, entry in staged.entries.items():
             self.index.put(path, entry)
         if self.stored is not None:
-            self.stored.forget(removed)
+            self.stored.forget(removed, wait=False)  # off the epoch's path
 
     def close(self) -> None:
         self._release_attempt()

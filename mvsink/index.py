@@ -78,7 +78,7 @@ class StoredIndex:
         return StoredIndex(store, view, hashlib.sha256(text.encode()).hexdigest()[:16])
 
     def _check_version(self) -> None:
-        if FINGERPRINT_VERSION != self.fingerprint_version:
+        if self.fingerprint_version != FINGERPRINT_VERSION:
             raise InvariantViolation(
                 f"this process hashes rows with fingerprint version {FINGERPRINT_VERSION}, the driver "
                 f"with {self.fingerprint_version}: the Spark workers run another mvsink than the "
@@ -146,10 +146,15 @@ class StoredIndex:
             log.warning("could not store the index entry of %s: %s", file.key, exc)
         return entry, True
 
-    def forget(self, keys: Iterable[str]) -> None:
-        """Delete the entries of data files that left the table (best-effort)."""
+    def forget(self, keys: Iterable[str], *, wait: bool = True) -> None:
+        """Delete the entries of data files that left the table (best-effort); with
+        ``wait=False`` in the background (nothing needs them gone: a sweep catches leftovers)."""
+        paths = [self.path(k) for k in keys]
+        if not wait:
+            self.store.delete_later(paths, "index entries")
+            return
         try:
-            self.store.delete([self.path(k) for k in keys])
+            self.store.delete(paths)
         except Exception as exc:
             log.warning("could not delete index entries under %s: %s", self.root, exc)
 
@@ -161,10 +166,10 @@ class StoredIndex:
         keep = {self.path(k) for k in live}
         try:
             stale = [p for p in self.store.files(self.root) if p not in keep]
-            self.store.delete(stale)
         except Exception as exc:
             log.warning("could not sweep index entries under %s: %s", self.root, exc)
             return 0
+        self.store.delete_later(stale, "stale index entries")  # nothing waits for them to go
         return len(stale)
 
 

@@ -25,6 +25,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote as url_quote
@@ -40,6 +41,8 @@ from mvsink.stats import metadata_stats
 
 log = logging.getLogger(__name__)
 
+DELETE_THREADS = 16
+"""Local deletes in flight at once."""
 # How Hive-style folders name a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _COMPRESSION = "snappy"
@@ -181,11 +184,41 @@ class Store:
         return [self._relative(i.path) for i in infos if i.type == pafs.FileType.Directory]
 
     def delete(self, paths: Iterable[str]) -> None:
-        """Delete files; one already gone is no error."""
+        """Delete files, many at a time; one already gone is no error. Raises the first
+        failure after trying every file."""
+        todo = list(paths)
+        if not todo:
+            return
+        if not is_local(self.root):
+            _delete_remote(self.root, self.options, todo)
+            return
         fs = self.fs
-        for path in paths:
+
+        def one(path: str) -> None:
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(path)
+
+        with ThreadPoolExecutor(min(DELETE_THREADS, len(todo))) as pool:
+            failures = [f.exception() for f in [pool.submit(one, p) for p in todo]]
+        first = next((e for e in failures if e is not None), None)
+        if first is not None:
+            raise first
+
+    def delete_later(self, paths: Iterable[str], what: str) -> None:
+        """Delete files off the caller's path, in a background thread: for cleanup nothing
+        waits for (index entries of files that left the table). A failure is a WARNING;
+        what stays behind is swept later."""
+        todo = list(paths)
+        if not todo:
+            return
+
+        def run() -> None:
+            try:
+                self.delete(todo)
+            except Exception as exc:
+                log.warning("could not delete %d %s under %s: %s", len(todo), what, self.root, exc)
+
+        _cleanup_pool().submit(run)
 
     def _relative(self, path: str) -> str:
         path = path.lstrip("/")
@@ -206,9 +239,7 @@ class Store:
             infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
             if not infos and self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
                 return
-            for info in infos:
-                if info.type == pafs.FileType.File:
-                    self.fs.delete_file(info.path)
+            self.delete([self._relative(i.path) for i in infos if i.type == pafs.FileType.File])
             if is_local(self.root):
                 self.fs.delete_dir(folder)
         except Exception as exc:  # a leftover folder is vacuum's to remove, never an error
@@ -235,6 +266,80 @@ def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSys
     from deltalake.fs import DeltaStorageHandler
 
     return pafs.PyFileSystem(DeltaStorageHandler(root, dict(options)))
+
+
+DELETE_PROCESSES = 8
+"""Helper processes deleting a large batch of files from an object store at once."""
+_PER_PROCESS = 64  # fewer files than this per helper are not worth starting one
+
+# delta-rs's file system handler holds the GIL while it waits on the network, so threads do
+# not overlap its deletes; helper processes do. Each is a plain interpreter that imports only
+# delta-rs (never the user's main module, nor Spark), reads its share as JSON on stdin and
+# deletes it with exactly the options and environment the commits use.
+_DELETER = """
+import json, sys
+import pyarrow.fs as pafs
+from deltalake.fs import DeltaStorageHandler
+job = json.load(sys.stdin)
+fs = pafs.PyFileSystem(DeltaStorageHandler(job["root"], job["options"]))
+failed = []
+for path in job["paths"]:
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+    except Exception as exc:
+        failed.append(path + ": " + str(exc).splitlines()[0] if str(exc) else path)
+json.dump(failed, sys.stdout)
+"""
+
+
+def _delete_remote(root: str, options: Mapping[str, str], paths: list[str]) -> None:
+    """Delete ``paths`` from an object store: in this process below ``_PER_PROCESS`` files,
+    else spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError``
+    naming the first failure, after trying every file."""
+    helpers = min(DELETE_PROCESSES, len(paths) // _PER_PROCESS)
+    if helpers < 2:
+        fs = _filesystem(root, tuple(sorted(options.items())))
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+        return
+    import json
+    import subprocess
+    import sys
+
+    procs = []
+    for share in (paths[i::helpers] for i in range(helpers)):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _DELETER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append((proc, json.dumps({"root": root, "options": dict(options), "paths": share})))
+    with ThreadPoolExecutor(len(procs)) as pool:  # every helper at once: each waits for its job
+        answers = list(pool.map(lambda pj: pj[0].communicate(pj[1]), procs))
+    failed: list[str] = []
+    for (proc, _), (out, err) in zip(procs, answers, strict=True):
+        if proc.returncode != 0:
+            failed.append(f"a delete helper exited with {proc.returncode}: {err.strip()[-300:]}")
+            continue
+        failed.extend(json.loads(out or "[]"))
+    if failed:
+        raise StorageError(f"{len(failed)} of {len(paths)} deletes under {root} failed, e.g. {failed[0]}")
+
+
+@functools.lru_cache(maxsize=1)
+def _cleanup_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="mvsink-cleanup")
+
+
+def wait_for_cleanup(timeout: float | None = None) -> None:
+    """Return once the deletes ``Store.delete_later`` queued so far are done (in order: one
+    background thread runs them)."""
+    _cleanup_pool().submit(lambda: None).result(timeout)
 
 
 @functools.lru_cache(maxsize=16)

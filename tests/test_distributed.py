@@ -23,6 +23,7 @@ from mvsink.delta import load_snapshot
 from mvsink.errors import StorageError, Where
 from mvsink.index import HIDDEN, StoredIndex
 from mvsink.schema import arrow_schema, target_struct
+from mvsink.storage import wait_for_cleanup
 from mvsink.verify import verify
 from tests.helpers import assert_equal_to, live_files, target_table
 
@@ -58,6 +59,8 @@ def held(target: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def index_entries(target: str, name: str) -> set[str]:
+    """The entries in storage, once the deletes queued off the epochs' path are done."""
+    wait_for_cleanup()
     root = os.path.join(target, HIDDEN, name, "index")
     return {os.path.relpath(os.path.join(d, f), target) for d, _, fs in os.walk(root) for f in fs}
 
@@ -242,3 +245,27 @@ def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_targe
     assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
     assert verify(wide(spark, 200_000, "c") if mode == "upsert" else batch, local_target, "big").equal
     assert "collect" not in sink.last_report.phases
+
+
+def test_index_entries_of_removed_files_go_off_the_epochs_path(spark, local_target):
+    """The epoch commits and returns without waiting for the deletes of the index entries of
+    the files it removed: they run in the background, after whatever is queued there."""
+    import threading
+
+    from mvsink import storage
+
+    sink = MVSink(local_target, "bg", max_rows_per_file=20)
+    sink(spark.range(200).select("id", F.lit(0).cast("long").alias("v")), 0)
+    before = index_entries(local_target, "bg")
+    gate = threading.Event()
+    storage._cleanup_pool().submit(gate.wait, 60)  # the background thread is busy
+    try:
+        report = sink(spark.range(200).select("id", (F.col("id") % 2).alias("v")), 1)
+        assert report.outcome == "committed" and report.files_removed > 0
+        root = os.path.join(local_target, HIDDEN, "bg", "index")
+        held = {os.path.relpath(os.path.join(d, f), local_target) for d, _, fs in os.walk(root) for f in fs}
+        assert before <= held  # the removed files' entries are still there: nothing waited
+    finally:
+        gate.set()
+    index, files = stored_index(local_target, "bg")
+    assert index_entries(local_target, "bg") == {index.path(f.key) for f in files}

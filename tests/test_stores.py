@@ -107,3 +107,24 @@ def test_a_store_lost_after_the_first_epoch_is_a_storage_error(spark, tmp_path):
     with pytest.raises(StorageError) as err:
         sink(people(spark, range(3)), 1)
     assert err.value.target == target and err.value.epoch == 1
+
+
+@pytest.mark.parametrize("count", [5, 200], ids=["in-process", "helper-processes"])
+def test_deletes_go_to_the_store_the_options_name(spark, s3_target, s3_options, count):
+    """Many deletes are spread over helper processes (delta-rs's handler holds the GIL while it
+    waits, so threads would not overlap them); each helper reaches the store through the same
+    options (the environment points at another server: options win). Exactly the named files
+    go, and a file already gone is no error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mvsink.delta import table_root
+    from mvsink.storage import Store
+
+    store = Store(table_root(s3_target), s3_options)
+    names = [f"_mvsink/x/index/d/{i:03d}.parquet" for i in range(count + 3)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: store.put(name, b"entry"), [*names, "keep.parquet"]))
+    store.delete([*names[:count], "_mvsink/x/index/d/never-there.parquet"])
+    assert sorted(store.files("_mvsink")) == names[count:]
+    assert store.get("keep.parquet") is not None
+    assert Store(table_root(s3_target)).files("") == []  # the environment's server: untouched
