@@ -185,7 +185,7 @@ def _verify(args: argparse.Namespace) -> int:
         desired = spark.sql(args.sql) if args.sql else desired_of_job(spark, job, scratch)
         result = verify(desired, target, name, options)
     print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) if args.json else result)
-    return 0 if result.equal else 1
+    return 0 if result.ok else 1
 
 
 def _run(path: str | None, epochs: int | None, verbose: bool) -> int:

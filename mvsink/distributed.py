@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mvsink.delta import Snapshot
 from mvsink.errors import InvariantViolation
@@ -105,6 +105,38 @@ class _RowReader:
                 rows = self.store.read(file, self.layout.arrow, self.partition_by)
                 a, b = fingerprints(rows)
             yield from rows.append_column(FP_A, pa.array(a)).append_column(FP_B, pa.array(b)).to_batches()
+
+
+def mismatched_entries(spark: Any, snap: Snapshot, index: StoredIndex, layout: Layout) -> list[str]:
+    """Paths of ``snap``'s files whose stored index entry is trusted (its path, size and row
+    count match the log) but does not hold the file's rows' fingerprints: a file replaced in
+    place, outside Delta's contract, or a damaged entry. Tasks read each file and its entry."""
+    schema = StructType([StructField("path", StringType(), False)])
+    found = file_frame(spark, snap.files).mapInArrow(
+        _EntryChecker(index, layout.arrow, snap.partition_by), schema
+    )
+    return sorted(r["path"] for r in found.toArrow().to_pylist())
+
+
+@dataclass(frozen=True)
+class _EntryChecker:
+    """Runs in a Spark task: the files whose trusted entry differs from their rows."""
+
+    index: StoredIndex
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        bad = []
+        for _, file in task_files(batches):
+            with in_task(f"checking the index entry of {file.path}"):
+                entry = self.index.get(file)
+                if entry is None:
+                    continue  # no trusted entry: the sink computes one when it needs it
+                a, b = fingerprints(self.index.store.read(file, self.schema, self.partition_by))
+                if not (np.array_equal(a, entry.a) and np.array_equal(b, entry.b)):
+                    bad.append(file.path)
+        yield pa.RecordBatch.from_arrays([pa.array(bad, pa.string())], names=["path"])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Independent of the sink's own bookkeeping: the target's data files are read and hashed again
 (the stored index is not consulted), desired is evaluated once, and both sides are compared by
 row fingerprint (mvsink's row equality: null-safe, NaN equal to NaN, maps order-free) in one
-Spark aggregation, so nothing row-sized comes to the driver but the samples.
+Spark aggregation, so nothing row-sized comes to the driver but the samples. Given the view's
+name, it also checks the view's stored index: every entry the sink would trust must hold its
+file's fingerprints (tasks read the files a second time for that).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pyspark import StorageLevel
@@ -20,9 +22,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink.delta import Snapshot, load_snapshot
-from mvsink.distributed import stored_rows, with_fingerprints
+from mvsink.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.fingerprint import FP_A, FP_B
+from mvsink.index import StoredIndex
 from mvsink.rules import rules_for
 from mvsink.schema import check_fits, check_supported, stored_struct, target_struct
 from mvsink.storage import Store
@@ -48,25 +51,40 @@ class Verification:
     """Up to ``sample`` distinct missing rows."""
     extra_sample: tuple[dict[str, Any], ...]
     """Up to ``sample`` distinct extra rows."""
+    index_mismatches: tuple[str, ...] = ()
+    """With a view name: data files whose index entry (which the sink trusts, as its path,
+    size and row count match the log) does not hold the file's rows, e.g. a file replaced in
+    place by one of the same size. The sink would compute wrong corrections from them: delete
+    their entries (``_mvsink/<view>/index/``) and it recomputes them."""
 
     @property
     def equal(self) -> bool:
+        """No row missing or extra (whatever the index says)."""
         return self.missing == 0 and self.extra == 0
+
+    @property
+    def ok(self) -> bool:
+        """Equal, and no index entry contradicts its file."""
+        return self.equal and not self.index_mismatches
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "equal": self.equal, **asdict(self)}
 
     def __str__(self) -> str:
         head = f"{self.target} (view {self.view}, version {self.table_version})"
+        stale = [
+            f"  index entry contradicts its data file (delete the entry; the sink recomputes it): {p}"
+            for p in self.index_mismatches
+        ]
         if self.equal:
-            return f"{head} equals desired: {self.target_rows:,} rows"
+            return "\n".join([f"{head} equals desired: {self.target_rows:,} rows", *stale])
         lines = [
             f"{head} differs from desired: {self.missing:,} row(s) missing, {self.extra:,} extra "
             f"(target {self.target_rows:,} rows, desired {self.desired_rows:,})"
         ]
         for label, sample in (("missing", self.missing_sample), ("extra", self.extra_sample)):
             lines += [f"  {label}: {json.dumps(r, default=str, sort_keys=True)}" for r in sample]
-        return "\n".join(lines)
+        return "\n".join([*lines, *stale])
 
 
 def verify(
@@ -97,7 +115,11 @@ def verify(
         counts = counts.unionByName(held).groupBy(*fp).agg(F.sum("d").alias("d"), F.sum("t").alias("t"))
     counts = counts.withColumn("n", F.col("d") - F.col("t")).cache()
     try:
-        return _compare(snap, name, target, want, have, counts, sample)
+        result = _compare(snap, name, target, want, have, counts, sample)
+        if name and snap.files:
+            index = StoredIndex.of(Store(snap.root, options), name, layout.arrow)
+            result = replace(result, index_mismatches=tuple(mismatched_entries(spark, snap, index, layout)))
+        return result
     except Exception as exc:
         raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
         raise

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from mvsink import MVSink, promote, status
 from mvsink.cli import main
 from mvsink.metrics import record
+from mvsink.storage import wait_for_cleanup
 from mvsink.vacuum import vacuum
 from mvsink.verify import verify
 from tests.helpers import assert_equal_to, once, removed, versions
@@ -85,6 +86,38 @@ def test_verify_counts_and_samples_missing_and_extra_rows(spark, target):
     assert sorted(r["id"] for r in got.extra_sample) == [3, 77]
 
 
+def test_verify_reports_index_entries_that_contradict_their_files(spark, local_target, capsys):
+    """An entry is trusted when its path, size and row count match the log: one whose
+    fingerprints are not its file's (a file replaced in place by one of the same size, a
+    damaged entry) goes unnoticed by the sink, so verify checks every entry against its file."""
+    from mvsink.delta import load_snapshot
+    from mvsink.errors import Where
+    from mvsink.index import FileEntry, StoredIndex
+    from mvsink.schema import target_struct
+    from mvsink.storage import Store
+    from mvsink.write import Layout
+
+    MVSink(local_target, "people", max_rows_per_file=4)(people(spark, range(10)), 0)
+    spark.range(10).selectExpr("id", "concat('n', id) as name", "id / 2 as x").createOrReplaceTempView("ten")
+    assert main(["verify", local_target, "--name", "people", "--sql", "SELECT * FROM ten"]) == 0
+    snap = load_snapshot(local_target, "mvsink:people", {}, Where())
+    assert snap.schema_json is not None
+    layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+    index = StoredIndex.of(Store(snap.root), "people", layout.arrow)
+    victim = snap.files[1]
+    entry = index.get(victim)
+    assert entry is not None
+    index.put(victim.key, victim.size, FileEntry(entry.a + 1, entry.b))  # right length, wrong rows
+
+    got = verify(people(spark, range(10)), local_target, "people")
+    assert got.equal and not got.ok and got.index_mismatches == (victim.path,)
+    assert main(["verify", local_target, "--name", "people", "--sql", "SELECT * FROM ten"]) == 1
+    assert (
+        f"index entry contradicts its data file (delete the entry; the sink recomputes it): {victim.path}"
+        in (capsys.readouterr().out)
+    )
+
+
 def test_verify_cli_exit_codes_with_sql_and_a_job_file(spark, tmp_path, local_target, capsys):
     sink = MVSink(local_target, "people")
     sink(people(spark, range(5)), 0)
@@ -151,6 +184,7 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
         os.makedirs(os.path.dirname(path))
         pq.write_table(pa.table({"id": [1]}), path)
     _age(crashed, 10)
+    wait_for_cleanup()  # the entries of removed files go in the background
     # Index entries: one of a file that left the table, one of an old layout; both old.
     index = os.path.join(local_target, "_mvsink", "people", "index")
     (digest,) = os.listdir(index)
