@@ -26,7 +26,12 @@ through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
   removes (``changes.py``), so the untouched rows of a rewritten file do not show up. Summed
   over versions from 0 the feed is the table; a compaction yields nothing. A version that only
   adds (or only removes) files is read one task per file; in a partition where it does both,
-  one task reads that partition's files and holds the fingerprints of the rows they hold.
+  the rows cancel by fingerprint: one task reads that partition's files and holds the
+  fingerprints of the rows they hold (about 40 bytes a row), or, above
+  ``rewriteBytesPerTask`` bytes of files (default 128 MiB), the fingerprints are split into
+  buckets, one task each: equal rows share a bucket, so each task cancels exactly, holds a
+  share of the fingerprints and reads every file of the partition (more reads, bounded
+  memory).
 
 Either mode refuses a version that changes the table's schema (start a new query from there)
 and tables whose files do not hold rows as their names say (deletion vectors, column mapping).
@@ -58,10 +63,10 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
         pass
 
 
-from mvsink.changes import exact_change
+from mvsink.changes import Mask, exact_change
 from mvsink.delta import DataFile, check_features, table_root
 from mvsink.errors import InputError, Where
-from mvsink.fingerprint import fingerprints
+from mvsink.fingerprint import I64, fingerprints
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store
 
@@ -69,7 +74,9 @@ NAME = "mvsink-delta"
 MODES = ("appends", "changes")
 DIFF = "diff"
 VERSION = "_commit_version"
-_OWN = {"path", "maxversionspertrigger", "startingversion", "mode"}
+_OWN = {"path", "maxversionspertrigger", "startingversion", "mode", "rewritebytespertask"}
+REWRITE_BYTES_PER_TASK = 128 << 20
+"""Bytes of files whose rows one task of the change feed cancels at most (``_Rewrite``)."""
 
 
 def register(spark: Any) -> None:
@@ -119,12 +126,16 @@ class DeltaVersions(DataSource):
         root, storage, mode = self._settings()
         limit = self.options.get("maxVersionsPerTrigger")
         start = self.options.get("startingVersion")
+        per_task = self.options.get("rewriteBytesPerTask")
+        if per_task is not None and (not str(per_task).isdigit() or int(per_task) < 1):
+            raise InputError(f"option 'rewriteBytesPerTask' is a positive number of bytes, not {per_task!r}")
         return _VersionReader(
             Store(root, storage),
             self._table_schema(),
             mode == "changes",
             int(limit) if limit else None,
             int(start) if start else 0,
+            int(per_task) if per_task else REWRITE_BYTES_PER_TASK,
         )
 
 
@@ -150,11 +161,14 @@ class _WholeFile(InputPartition):
 
 @dataclass(frozen=True)
 class _Rewrite(InputPartition):
-    """A version that adds and removes files: the exact change of the two sides (one task)."""
+    """A version that adds and removes files in one partition: the exact change of the two
+    sides, for the rows whose fingerprint falls in ``bucket`` of ``buckets`` (all: one)."""
 
     version: int
     added: tuple[_File, ...]
     removed: tuple[_File, ...]
+    bucket: int = 0
+    buckets: int = 1
 
 
 def _refused_features(action: Mapping[str, Any]) -> list[str]:
@@ -172,9 +186,16 @@ def _refused_features(action: Mapping[str, Any]) -> list[str]:
 
 class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
-        self, store: Store, table_schema: StructType, changes: bool, limit: int | None, start: int
+        self,
+        store: Store,
+        table_schema: StructType,
+        changes: bool,
+        limit: int | None,
+        start: int,
+        rewrite_bytes_per_task: int = REWRITE_BYTES_PER_TASK,
     ) -> None:
         self.store = store
+        self.rewrite_bytes_per_task = rewrite_bytes_per_task
         self.table_schema = table_schema
         self.changes = changes
         self.limit = limit
@@ -221,7 +242,11 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ].append(f)
             for adds, removes in sides.values():
                 if self.changes and adds and removes:
-                    out.append(_Rewrite(version, tuple(adds), tuple(removes)))
+                    size = sum(f.size for f in (*adds, *removes))
+                    buckets = max(1, -(-size // self.rewrite_bytes_per_task))
+                    out.extend(
+                        _Rewrite(version, tuple(adds), tuple(removes), b, buckets) for b in range(buckets)
+                    )
                 else:
                     out.extend(_WholeFile(version, f, +1) for f in adds)
                     out.extend(_WholeFile(version, f, -1) for f in removes)
@@ -307,11 +332,22 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, _Rewrite)
         # Two passes: the fingerprints of both sides decide which rows carry the change, then
         # each file is read again and only those rows leave (memory: fingerprints, not rows).
-        fps = [
-            [fingerprints(self._rows(f, partition.version)) for f in side]
-            for side in (partition.added, partition.removed)
-        ]
-        inserts, retracts = exact_change(fps[0], fps[1])
+        # In a bucket, each file keeps the fingerprints of its rows in the bucket only (equal
+        # rows have equal fingerprints, so they cancel within one bucket), with their places.
+        sides: list[list[tuple[I64, I64, I64 | None, int]]] = [[], []]
+        for held, files in zip(sides, (partition.added, partition.removed), strict=True):
+            for f in files:
+                a, b = fingerprints(self._rows(f, partition.version))
+                n, at = len(a), None
+                if partition.buckets > 1:
+                    at = np.flatnonzero(a.view(np.uint64) % np.uint64(partition.buckets) == partition.bucket)
+                    a, b = a[at], b[at]
+                held.append((a, b, at, n))
+        picked = exact_change(*([(a, b) for a, b, _, _ in held] for held in sides))
+        inserts, retracts = (
+            [_spread(mask, at, n) for mask, (_, _, at, n) in zip(masks, held, strict=True)]
+            for masks, held in zip(picked, sides, strict=True)
+        )
         for side, masks, diff in ((partition.added, inserts, +1), (partition.removed, retracts, -1)):
             for file, mask in zip(side, masks, strict=True):
                 if mask.any():
@@ -321,3 +357,12 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _spread(mask: Mask, at: I64 | None, n: int) -> Mask:
+    """A bucket's mask over a whole file of ``n`` rows (``at``: the bucket's rows' places)."""
+    if at is None:
+        return mask
+    whole = np.zeros(n, dtype=bool)
+    whole[at[mask]] = True
+    return whole
