@@ -68,7 +68,7 @@ def test_workers_without_pyarrow_are_a_clear_error(spark, tmp_path, local_target
     for package in ("pyspark", "py4j"):
         (only / package).symlink_to(Path(_site_packages()) / package)
     workers_run(_wrapper(tmp_path, "nopyarrow", f'PYTHONPATH="{only}"', "-S"))
-    with pytest.raises(ConfigError, match="cannot run mvsink's tasks.*pyarrow") as info:
+    with pytest.raises(ConfigError, match=r"cannot run mvsink's tasks.*pyarrow") as info:
         MVSink(local_target, "v")(people(spark, range(3)), 0)
     assert "PYSPARK_PYTHON" in str(info.value)
     assert not os.path.exists(local_target)
@@ -80,7 +80,7 @@ def test_workers_with_another_mvsink_are_refused(spark, tmp_path, local_target, 
     (other / "__init__.py").write_text("__version__ = '0.0.1'\n")
     (other / "fingerprint.py").write_text("FINGERPRINT_VERSION = 99\n")
     workers_run(_wrapper(tmp_path, "other", f'PYTHONPATH="{other.parent}"'))
-    with pytest.raises(ConfigError, match="run mvsink 0.0.1 \\(fingerprint version 99\\)"):
+    with pytest.raises(ConfigError, match=r"run mvsink 0\.0\.1 \(fingerprint version 99\)"):
         MVSink(local_target, "v")(people(spark, range(3)), 0)
     assert not os.path.exists(local_target)
 
