@@ -93,20 +93,31 @@ def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:
 
 
 _DELTA_INDEX_BITS = 32
+# Delta's file index within a version, in its own order: the base index (written -1, or -100
+# from Delta 3), then the metadata-change indexes, then the files (Delta's DeltaSourceOffset).
+_DELTA_SPECIAL_INDEX = {-100: 0, -1: 0, -20: 1, -19: 2}
 
 
 def source_parts(name: str, offset: Any, where: Where) -> Time:
-    """One source's offset as parts that each only grow (see the module doc)."""
+    """One source's offset as parts that each only grow (see the module doc). An offset with
+    no integer to order by (a source whose positions are strings) is an error: a time that
+    never grows would freeze the view."""
     if isinstance(offset, Mapping) and "reservoirVersion" in offset and "index" in offset:
-        # Delta's source: (version, index of the file within it) in lexicographic order, the
-        # index starting at -1 before the version's first file.
-        version, index = int(offset["reservoirVersion"]), int(offset["index"]) + 1
-        if not (0 <= index < 1 << _DELTA_INDEX_BITS and 0 <= version < 1 << (62 - _DELTA_INDEX_BITS)):
-            raise ConfigError(
-                f"source {name}: a Delta offset out of the range mvsink orders: {offset}", where
-            )
-        return {f"{name}.delta": version << _DELTA_INDEX_BITS | index}
-    return flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
+        version, index = int(offset["reservoirVersion"]), int(offset["index"])
+        rank = _DELTA_SPECIAL_INDEX.get(index, index + 3 if index >= 0 else None)
+        if rank is None or not (
+            0 <= rank < 1 << _DELTA_INDEX_BITS and 0 <= version < 1 << (62 - _DELTA_INDEX_BITS)
+        ):
+            raise ConfigError(f"source {name}: a Delta offset mvsink cannot order: {offset}", where)
+        return {f"{name}.delta": version << _DELTA_INDEX_BITS | rank}
+    parts = flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
+    if not parts:
+        raise ConfigError(
+            f"source {name}'s offset {json.dumps(offset)} holds no integer to order epochs by: "
+            "clock 'source_offsets' cannot compare its batches (give a callable clock instead)",
+            where,
+        )
+    return parts
 
 
 def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -> Time | None:
@@ -149,6 +160,7 @@ def flatten(value: Any, where: Where, prefix: str = "") -> Time:
 
 _OTHER_PARTS = "(parts this time lacks)"
 _MISSING = -(2**63)  # below every offset: where a time has no such part
+_PARTS = "#parts"  # a name no part has (parts are dotted names of offsets' fields)
 
 
 def committed_time(snap: Snapshot, app_id: str, names: list[str]) -> Time | None:
@@ -157,16 +169,31 @@ def committed_time(snap: Snapshot, app_id: str, names: list[str]) -> Time | None
     under one part no time has, so ``compare`` finds such a time behind in it.
 
     (A commit is made only when its time is ahead, so it has every part of the committed time
-    before it: the parts recorded in the table are those of the last commit, and ``~parts``
+    before it: the parts recorded in the table are those of the last commit, and ``~#parts``
     says how many there are.)"""
     found = {n: v for n in names if (v := snap.transaction(f"{app_id}~{n}")) is not None}
-    count = snap.transaction(f"{app_id}~parts")
+    count = snap.transaction(f"{app_id}~{_PARTS}")
     if count is None:
-        # Never committed under a clock, or by mvsink before parts were counted (those tables
-        # have ``~names``): compared on the parts both times have.
-        return found if found or snap.transaction(f"{app_id}~names") is not None else None
+        if snap.transaction(f"{app_id}~names") is None:
+            return None  # never committed under a clock
+        return _legacy(snap, app_id, names, found)
     if count > len(found):
         found[_OTHER_PARTS] = 0
+    return found
+
+
+def _legacy(snap: Snapshot, app_id: str, names: list[str], found: Time) -> Time:
+    """The committed time of a view last committed by mvsink before parts were counted: it
+    named a Delta source's offset ``<n>.reservoirVersion`` and ``<n>.index`` (now one part
+    ``<n>.delta``), and every other part as now; compared on the parts both times have."""
+    for name in names:
+        if name.endswith(".delta") and name not in found:
+            source = name.removesuffix(".delta")
+            version = snap.transaction(f"{app_id}~{source}.reservoirVersion")
+            index = snap.transaction(f"{app_id}~{source}.index")
+            if version is not None and index is not None:
+                rank = _DELTA_SPECIAL_INDEX.get(index, index + 3)
+                found[name] = version << _DELTA_INDEX_BITS | rank
     return found
 
 
@@ -185,8 +212,13 @@ def compare(time: Time, committed: Time | None) -> Verdict:
 
 def transactions(app_id: str, time: Time) -> dict[str, int]:
     """The app transactions recording ``time`` as the committed time: its parts and their
-    number."""
-    return {**{f"{app_id}~{k}": v for k, v in time.items()}, f"{app_id}~parts": len(time)}
+    number. (``~names`` = -1 matches no tag of mvsink before parts were counted: a replica
+    still running such a version finds the committed time incomparable and writes nothing.)"""
+    return {
+        **{f"{app_id}~{k}": v for k, v in time.items()},
+        f"{app_id}~{_PARTS}": len(time),
+        f"{app_id}~names": -1,
+    }
 
 
 STALL_EPOCHS = 3
@@ -214,6 +246,8 @@ class Stall:
     epochs: int = 0
     note: str | None = None
     """The note left in storage while stalled (deleted when the sink moves again)."""
+    checked: bool = False
+    """Whether this sink looked for a note of an earlier run of it (once, when it moves)."""
 
     def observe(self, verdict: Verdict, committed: Time | None, epoch: int) -> bool:
         """Count this epoch; whether the view is stalled now."""
@@ -225,23 +259,29 @@ class Stall:
         self.epochs += 1
         return self.epochs > STALL_EPOCHS
 
+    @staticmethod
+    def note_path(view: str, who: str) -> str:
+        return f"{stall_folder(view)}/{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
+
     def leave_note(self, store: Store, view: str, who: str, fields: Mapping[str, Any], where: Where) -> None:
         """Say in storage that this sink is stalled; best-effort (a WARNING says it anyway)."""
-        path = f"{stall_folder(view)}/{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
+        path = self.note_path(view, who)
         try:
             store.put(path, json.dumps({**fields, "since_epoch": self.since}, sort_keys=True).encode())
             self.note = path
         except Exception as exc:
             log.warning("%s: could not leave the stall note %s: %s", where, path, exc)
 
-    def clear_note(self, store: Store, where: Where) -> None:
-        if self.note is None:
+    def clear_note(self, store: Store, view: str, who: str, where: Where) -> None:
+        """The sink moves: its note goes (also one an earlier run of it left, looked for once)."""
+        if self.note is None and self.checked:
             return
+        path = self.note or self.note_path(view, who)
         try:
-            store.delete([self.note])
-            self.note = None
+            store.delete([path])
+            self.note, self.checked = None, True
         except Exception as exc:
-            log.warning("%s: could not delete the stall note %s: %s", where, self.note, exc)
+            log.warning("%s: could not delete the stall note %s: %s", where, path, exc)
 
 
 def stall_notes(store: Store, snap: Snapshot, view: str) -> list[dict[str, Any]]:

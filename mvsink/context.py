@@ -41,6 +41,9 @@ class DriverBudget:
 
     bytes_per_row: float | None = None
     """Arrow bytes per row of the last batch collected (None: none was)."""
+    too_big: bool = False
+    """A batch of this view was once too big for the driver to collect: ``auto`` plans in
+    Spark tasks from then on, rather than collect and fail again each epoch."""
 
     def learn(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -64,8 +67,6 @@ class EpochContext:
     files_read: int = 0
     budget: DriverBudget = field(default_factory=DriverBudget)
     """Kept by the sink across epochs (``placement``)."""
-    on_driver: bool = True
-    """False once this epoch's batch proved too big for the driver: it plans distributed."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -85,18 +86,21 @@ class EpochContext:
 
     def placement(self, snap: Snapshot) -> str:
         """Where this attempt plans: the ``placement`` option, or for ``auto`` the driver while
-        the target holds at most ``driver_max_rows`` rows and what the driver path collects
-        (about the target's size, in Arrow) fits in half of Spark's driver result limit
-        (``spark.driver.maxResultSize``). A batch that proves bigger falls back (``collect``)."""
+        the target holds at most ``driver_max_rows`` rows and, in complete mode (which collects
+        the whole view), what it collects (about the target's size, in Arrow) fits in half of
+        Spark's driver result limit (``spark.driver.maxResultSize``). Once a batch proved too
+        big to collect (``collect``), the sink plans in Spark tasks."""
         if self.opts.placement != "auto":
             return self.opts.placement
-        if not self.on_driver:
+        if self.budget.too_big:
             return "distributed"
         # A file without a row count (a foreign writer's, no statistics) counts a row per 8
         # bytes: an unknown table is taken for a big one.
         held = sum(f.num_records if f.num_records is not None else f.size // 8 for f in snap.files)
         if held > self.opts.driver_max_rows:
             return "distributed"
+        if self.opts.mode != "complete":
+            return "driver"  # an upsert batch brings the changed keys only
         per_row = self.budget.bytes_per_row
         size = held * per_row if per_row is not None else _EXPANSION * sum(f.size for f in snap.files)
         limit = self.result_limit()
@@ -112,8 +116,8 @@ class EpochContext:
 
     def collect(self, rows: DataFrame) -> pa.Table | None:
         """``rows`` on the driver as Arrow; None if they are bigger than Spark lets a driver
-        collect under ``placement = "auto"`` (then this epoch plans distributed: a default
-        configuration never dies of the driver's result limit)."""
+        collect under ``placement = "auto"`` (then the sink plans distributed from now on: a
+        default configuration never dies of the driver's result limit)."""
         try:
             table = rows.toArrow()
         except Exception as exc:
@@ -121,10 +125,10 @@ class EpochContext:
                 raise
             log.warning(
                 "%s: the batch is bigger than the driver may collect (spark.driver.maxResultSize): "
-                "this epoch plans in Spark tasks (placement 'distributed') instead",
+                "the sink plans in Spark tasks (placement 'distributed') from now on",
                 self.where,
             )
-            self.on_driver = False
+            self.budget.too_big = True
             return None
         self.budget.learn(table)
         return table

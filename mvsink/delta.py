@@ -81,16 +81,23 @@ _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "abfs": "abfss", "azure": "az", "gc
 
 
 def location(target: str) -> tuple[str, str, str]:
-    """A table location as ``(scheme, bucket or host, path)``, normalised so that two
+    """A table location as ``(scheme, bucket or container, path)``, normalised so that two
     spellings of one folder compare equal: ``file://`` and relative paths become absolute
-    local paths, ``..`` and repeated or trailing slashes are resolved, ``s3a://`` is
-    ``s3://``, and the bucket (host) is lower-cased."""
+    local paths, ``..``, percent-escapes and repeated or trailing slashes are resolved,
+    ``s3a://`` is ``s3://``, the bucket is lower-cased, and Azure's URI forms name the
+    container."""
     parsed = urlparse(target)
     scheme = parsed.scheme.lower()
     if scheme in ("", "file"):
         return "file", "", table_root(target)
-    path = posixpath.normpath("/" + parsed.path.lstrip("/"))
-    return _SCHEME_ALIASES.get(scheme, scheme), parsed.netloc.lower(), path.rstrip("/") or "/"
+    scheme = _SCHEME_ALIASES.get(scheme, scheme)
+    host = parsed.netloc.lower()
+    if scheme in ("az", "abfss"):
+        # ``az://container/...`` and ``abfss://container@account.dfs.../...`` (or .blob.):
+        # compared by container, so an account-less spelling is never taken for another table.
+        scheme, host = "az", host.split("@", 1)[0]
+    path = posixpath.normpath("/" + unquote(parsed.path).lstrip("/"))
+    return scheme, host, path.rstrip("/") or "/"
 
 
 def nested(a: str, b: str) -> bool:

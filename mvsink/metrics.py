@@ -108,7 +108,9 @@ def record(
             write_deltalake(
                 table,
                 rows_table,
-                mode="append",
+                # Creating the table: "error", so a replica that created it meanwhile is a
+                # conflict (read again), not a table to append the same rows to.
+                mode="append" if isinstance(table, DeltaTable) else "error",
                 storage_options=options,
                 commit_properties=CommitProperties(
                     app_transactions=[Transaction(app, upto)], max_commit_retries=0
@@ -117,7 +119,11 @@ def record(
             return len(rows)
         except CommitFailedError:
             continue  # another append landed first: reload, append what is still missing
-        except (DeltaError, OSError) as exc:
+        except DeltaError as exc:
+            if not isinstance(table, DeltaTable) and "exists" in str(exc).lower():
+                continue  # another writer created the table first: read it, append what is missing
+            raise StorageError(f"cannot append to the metrics table: {exc}", where) from exc
+        except OSError as exc:
             raise StorageError(f"cannot append to the metrics table: {exc}", where) from exc
     log.warning("%s: metrics append lost the commit race %d times; the next epoch retries", where, _ATTEMPTS)
     return 0

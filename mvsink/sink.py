@@ -462,9 +462,10 @@ class _Epoch:
         on while the committed time stands still, nobody advances the view (``clock.Stall``):
         a WARNING each epoch, and a note ``mvsink status`` shows."""
         stall, store = self.sink._stall, self.ctx.store
+        who = f"{self.opts.writer or ''}\n{self.lineage}"
         if not stall.observe(verdict, committed, self.epoch):
             if verdict in ("ahead", "same"):
-                stall.clear_note(store, self.where)
+                stall.clear_note(store, self.opts.name, who, self.where)
             return
         log.warning(
             "%s: the view is stalled: for %d epochs (since epoch %s) this sink's time was %s the "
@@ -478,7 +479,6 @@ class _Epoch:
             json.dumps(self.time, sort_keys=True),
             json.dumps(committed, sort_keys=True),
         )
-        who = f"{self.opts.writer or ''}\n{self.lineage}"
         fields = {
             "writer": self.opts.writer,
             "lineage": self.lineage,

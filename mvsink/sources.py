@@ -27,11 +27,11 @@ through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
   over versions from 0 the feed is the table; a compaction yields nothing. A version that only
   adds (or only removes) files is read one task per file; in a partition where it does both,
   the rows cancel by fingerprint: one task reads that partition's files and holds the
-  fingerprints of the rows they hold (about 40 bytes a row), or, above
-  ``rewriteBytesPerTask`` bytes of files (default 128 MiB), the fingerprints are split into
-  buckets, one task each: equal rows share a bucket, so each task cancels exactly, holds a
-  share of the fingerprints and reads every file of the partition (more reads, bounded
-  memory).
+  fingerprints of the rows they hold (about 40 bytes a row), or, above ``rewriteRowsPerTask``
+  rows (default 20M, from the log's row counts), the fingerprints are split into up to
+  ``MAX_REWRITE_BUCKETS`` buckets, one task each: equal rows share a bucket, so each task
+  cancels exactly and holds a share of the fingerprints, but reads every file of the
+  partition (memory divided, reads multiplied by the bucket count).
 
 Either mode refuses a version that changes the table's schema (start a new query from there)
 and tables whose files do not hold rows as their names say (deletion vectors, column mapping).
@@ -74,9 +74,11 @@ NAME = "mvsink-delta"
 MODES = ("appends", "changes")
 DIFF = "diff"
 VERSION = "_commit_version"
-_OWN = {"path", "maxversionspertrigger", "startingversion", "mode", "rewritebytespertask"}
-REWRITE_BYTES_PER_TASK = 128 << 20
-"""Bytes of files whose rows one task of the change feed cancels at most (``_Rewrite``)."""
+_OWN = {"path", "maxversionspertrigger", "startingversion", "mode", "rewriterowspertask"}
+REWRITE_ROWS_PER_TASK = 20_000_000
+"""Rows whose fingerprints one task of the change feed holds, if it can (``_Rewrite``)."""
+MAX_REWRITE_BUCKETS = 16
+"""At most this many tasks split one rewrite: each reads every file of it."""
 
 
 def register(spark: Any) -> None:
@@ -126,16 +128,16 @@ class DeltaVersions(DataSource):
         root, storage, mode = self._settings()
         limit = self.options.get("maxVersionsPerTrigger")
         start = self.options.get("startingVersion")
-        per_task = self.options.get("rewriteBytesPerTask")
+        per_task = self.options.get("rewriteRowsPerTask")
         if per_task is not None and (not str(per_task).isdigit() or int(per_task) < 1):
-            raise InputError(f"option 'rewriteBytesPerTask' is a positive number of bytes, not {per_task!r}")
+            raise InputError(f"option 'rewriteRowsPerTask' is a positive number of rows, not {per_task!r}")
         return _VersionReader(
             Store(root, storage),
             self._table_schema(),
             mode == "changes",
             int(limit) if limit else None,
             int(start) if start else 0,
-            int(per_task) if per_task else REWRITE_BYTES_PER_TASK,
+            int(per_task) if per_task else REWRITE_ROWS_PER_TASK,
         )
 
 
@@ -144,6 +146,8 @@ class _File:
     path: str
     size: int
     partition_values: Mapping[str, str | None]
+    rows: int | None = None
+    """From the action's statistics, if it has them."""
 
     @property
     def data_file(self) -> DataFile:
@@ -192,10 +196,10 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         changes: bool,
         limit: int | None,
         start: int,
-        rewrite_bytes_per_task: int = REWRITE_BYTES_PER_TASK,
+        rewrite_rows_per_task: int = REWRITE_ROWS_PER_TASK,
     ) -> None:
         self.store = store
-        self.rewrite_bytes_per_task = rewrite_bytes_per_task
+        self.rewrite_rows_per_task = rewrite_rows_per_task
         self.table_schema = table_schema
         self.changes = changes
         self.limit = limit
@@ -242,8 +246,9 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ].append(f)
             for adds, removes in sides.values():
                 if self.changes and adds and removes:
-                    size = sum(f.size for f in (*adds, *removes))
-                    buckets = max(1, -(-size // self.rewrite_bytes_per_task))
+                    # A file without a row count (no statistics) counts a row per 8 bytes.
+                    rows = sum(f.rows if f.rows is not None else f.size // 8 for f in (*adds, *removes))
+                    buckets = min(MAX_REWRITE_BUCKETS, max(1, -(-rows // self.rewrite_rows_per_task)))
                     out.extend(
                         _Rewrite(version, tuple(adds), tuple(removes), b, buckets) for b in range(buckets)
                     )
@@ -291,7 +296,12 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )
                 if act and act.get("dataChange", True):
                     into.append(
-                        _File(act["path"], int(act.get("size") or 0), act.get("partitionValues") or {})
+                        _File(
+                            act["path"],
+                            int(act.get("size") or 0),
+                            act.get("partitionValues") or {},
+                            _num_records(act.get("stats")),
+                        )
                     )
         if removed and not self.changes:
             raise InputError(
@@ -357,6 +367,15 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _num_records(stats: Any) -> int | None:
+    """``numRecords`` of an action's statistics (a JSON string), if present."""
+    try:
+        value = json.loads(stats)["numRecords"] if stats else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return int(value) if isinstance(value, int) else None
 
 
 def _spread(mask: Mask, at: I64 | None, n: int) -> Mask:

@@ -178,11 +178,6 @@ class Store:
         infos = self.fs.get_file_info(list(paths)) if paths else []
         return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
 
-    def directories(self, paths: Sequence[str]) -> list[str]:
-        """Those of ``paths`` that are folders (on an object store: prefixes of some object)."""
-        infos = self.fs.get_file_info(list(paths)) if paths else []
-        return [self._relative(i.path) for i in infos if i.type == pafs.FileType.Directory]
-
     def delete(self, paths: Iterable[str]) -> None:
         """Delete files, many at a time; one already gone is no error. Raises the first
         failure after trying every file."""
@@ -214,11 +209,17 @@ class Store:
 
         def run() -> None:
             try:
-                self.delete(todo)
+                if is_local(self.root):
+                    self.delete(todo)
+                else:  # never in this process: its deletes would hold the GIL the epoch needs
+                    _delete_remote(self.root, self.options, todo, in_process=False)
             except Exception as exc:
                 log.warning("could not delete %d %s under %s: %s", len(todo), what, self.root, exc)
 
-        _cleanup_pool().submit(run)
+        try:
+            _cleanup_pool().submit(run)
+        except RuntimeError as exc:  # the interpreter is shutting down: a sweep catches them
+            log.warning("could not queue the deletes of %d %s under %s: %s", len(todo), what, self.root, exc)
 
     def _relative(self, path: str) -> str:
         path = path.lstrip("/")
@@ -294,17 +295,21 @@ json.dump(failed, sys.stdout)
 """
 
 
-def _delete_remote(root: str, options: Mapping[str, str], paths: list[str]) -> None:
-    """Delete ``paths`` from an object store: in this process below ``_PER_PROCESS`` files,
-    else spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError``
-    naming the first failure, after trying every file."""
+def _delete_remote(
+    root: str, options: Mapping[str, str], paths: list[str], *, in_process: bool = True
+) -> None:
+    """Delete ``paths`` from an object store: in this process below ``_PER_PROCESS`` files
+    (unless not ``in_process``: a background thread must not hold the GIL that long), else
+    spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError`` naming
+    the first failure, after trying every file."""
     helpers = min(DELETE_PROCESSES, len(paths) // _PER_PROCESS)
-    if helpers < 2:
+    if in_process and helpers < 2:
         fs = _filesystem(root, tuple(sorted(options.items())))
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(path)
         return
+    helpers = max(helpers, 1)
     import json
     import subprocess
     import sys

@@ -75,8 +75,8 @@ def vacuum(
     store = Store(snap.root, options)
     table = DeltaTable(snap.root, storage_options=options or None)
     try:
+        _refuse_nested_tables(store, where)
         found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
-        _refuse_nested_tables(store, found, where)
         sizes = store.sizes(found)
         data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
     except DeltaError as exc:
@@ -95,19 +95,15 @@ def vacuum(
     )
 
 
-def _refuse_nested_tables(store: Store, candidates: list[str], where: Where) -> None:
+def _refuse_nested_tables(store: Store, where: Where) -> None:
     """Refuse to vacuum a table that holds another Delta table in a sub-folder: a full vacuum
-    takes the inner table's log and data files for unreferenced files of the outer one. The
-    folders checked are those of the files it would delete, so the check costs a request per
-    folder, not a listing of the table."""
-    folders = {p.rsplit("/", 1)[0] for p in candidates if "/" in p}
-    ancestors = {"/".join(f.split("/")[: i + 1]) for f in folders for i in range(f.count("/") + 1)}
-    logs = sorted(f"{a}/_delta_log" for a in ancestors if a.rsplit("/", 1)[-1] != "_delta_log")
-    found = store.directories(logs)
-    if found:
-        inner = found[0].removesuffix("/_delta_log")
+    takes the inner table's log and data files for unreferenced files of the outer one. Any
+    ``_delta_log/`` below the root gives the inner table away, however old its files are (one
+    listing of the table, as the full vacuum makes itself)."""
+    inner = sorted({p.split("/_delta_log/")[0] for p in store.files("") if "/_delta_log/" in p})
+    if inner:
         raise ConfigError(
-            f"the table holds another Delta table in its folder ({inner}/): a vacuum would delete "
+            f"the table holds another Delta table in its folder ({inner[0]}/): a vacuum would delete "
             "that table's files. Move the inner table out of the target's folder, then vacuum.",
             where,
         )

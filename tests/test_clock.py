@@ -207,11 +207,14 @@ def delta_offset(version: int, index: int) -> str:
             ['{"version":2}', '{"version":0}'],
             ['{"version":3}', '{"version":1}'],
         ],
-        # Delta's own source: the file index restarts as the version grows.
+        # Delta's own source: the file index restarts as the version grows; the base index (-1,
+        # or -100) comes first, then the metadata-change indexes -20 and -19, then the files.
         [
-            [delta_offset(5, 1)],
+            [delta_offset(5, -1)],
+            [delta_offset(5, -20)],
+            [delta_offset(5, -19)],
             [delta_offset(5, 3)],
-            [delta_offset(6, -1)],
+            [delta_offset(6, -100)],
             [delta_offset(6, 1)],
             [delta_offset(9, 0)],
         ],
@@ -266,3 +269,50 @@ def test_a_replica_behind_a_moving_view_is_not_stalled(spark, local_target, capl
         assert lead(rows, epoch).outcome == "committed"
         assert lag(rows, epoch).outcome == "replay"  # always one behind, while the view moves
     assert not [r for r in caplog.records if "stalled" in r.getMessage()]
+
+
+def test_a_source_offset_without_an_integer_is_refused_not_a_frozen_view(spark, tmp_path, local_target):
+    shards = (
+        '{"shardId-000": {"iteratorPosition": "49590338271490256608559692538361571095921575989136588898"}}'
+    )
+    ckpt = offsets_checkpoint(tmp_path / "c", "q", {0: [shards]})
+    sink = MVSink(local_target, "s", clock="source_offsets", checkpoint=ckpt)
+    with pytest.raises(ConfigError, match="holds no integer to order epochs by"):
+        sink(spark.createDataFrame([(1, "a")], SCHEMA), 0)
+    assert not os.path.exists(local_target)
+
+
+def test_a_view_committed_before_parts_were_counted_keeps_its_order(spark, tmp_path, local_target):
+    """mvsink before this clock named a Delta source's offset by its fields (``0.reservoirVersion``,
+    ``0.index``) and tagged the set of names (``~names``): a replica of today reads that time
+    in today's order, and its commits make such an old replica find the time incomparable."""
+    import uuid
+
+    from mvsink.delta import compare_and_append, load_snapshot
+    from mvsink.errors import Where
+
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    MVSink(local_target, "v")(rows, 0)
+    snap = load_snapshot(local_target, "mvsink:v", {}, Where())
+    assert snap.schema_json is not None
+    old = {"mvsink:v~0.reservoirVersion": 10, "mvsink:v~0.index": 3, "mvsink:v~names": 123456789}
+    compare_and_append(
+        snap,
+        adds=(),
+        removes=(),
+        app_id="mvsink:v",
+        upper=None,
+        attempt_id=uuid.uuid4().hex,
+        metadata={},
+        schema_json=snap.schema_json,
+        partition_by=(),
+        where=Where(),
+        transactions=old,
+    )
+    batches = {0: [delta_offset(9, 7)], 1: [delta_offset(10, 1)], 2: [delta_offset(10, 5)]}
+    ckpt = offsets_checkpoint(tmp_path / "c", "q", batches)
+    sink = MVSink(local_target, "v", clock="source_offsets", checkpoint=ckpt, heartbeat=0)
+    assert sink(rows, 0).outcome == "replay"  # version 9: behind the committed 10
+    assert sink(rows, 1).outcome == "replay"  # (10, 1): behind (10, 3)
+    assert sink(rows, 2).outcome == "committed"  # (10, 5): ahead
+    assert DeltaTable(local_target).transaction_version("mvsink:v~names") == -1

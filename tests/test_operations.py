@@ -267,6 +267,11 @@ def test_two_replicas_appending_the_same_range_to_the_metrics_table_append_it_on
     assert record(metrics, "m", local_target, {}, 2, _before_commit=racing) == 0
     got = sorted(r["version"] for r in DeltaTable(metrics).to_pyarrow_table().to_pylist())
     assert got == [0, 1, 2]
+    # The same race while the metrics table does not exist yet: B creates it first.
+    fresh = str(tmp_path / "fresh-metrics")
+    racing = once(lambda: record(fresh, "m", local_target, {}, 2))
+    assert record(fresh, "m", local_target, {}, 2, _before_commit=racing) == 0
+    assert sorted(r["version"] for r in DeltaTable(fresh).to_pyarrow_table().to_pylist()) == [0, 1, 2]
 
 
 def test_the_commands_reach_a_store_through_storage_options_or_a_job_file(

@@ -121,6 +121,8 @@ def test_object_store_spellings_of_one_folder_are_one_table():
     assert nested("s3://lake/view", "s3a://lake/view/errors")
     assert nested("s3://Lake/view/", "s3://lake//view/./errors")
     assert nested("abfss://c@acct.dfs.core.windows.net/v", "abfs://c@acct.dfs.core.windows.net/v/m")
+    assert nested("az://c/v", "abfss://c@acct.blob.core.windows.net/v/m")
+    assert nested("s3://lake/my view", "s3://lake/my%20view/errors")
     assert not nested("s3://lake/view", "s3://lake/view_errors")
     assert not nested("s3://lake/view", "gs://lake/view/errors")
     with pytest.raises(ConfigError, match="inside it"):

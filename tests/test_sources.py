@@ -153,7 +153,7 @@ def test_the_change_feed_of_a_view_is_exact_per_version_and_sums_to_the_view(spa
 
 
 def test_a_large_rewrite_is_cancelled_in_buckets_exactly(spark, tmp_path, local_target):
-    """Above ``rewriteBytesPerTask`` bytes of files, a version's rewrite is split by fingerprint
+    """Above ``rewriteRowsPerTask`` rows, a version's rewrite is split by fingerprint
     into tasks that each hold a share of the fingerprints; equal rows share a bucket, so the
     feed is as exact as in one task."""
     from mvsink.sources import DeltaVersions, _Rewrite
@@ -161,19 +161,19 @@ def test_a_large_rewrite_is_cancelled_in_buckets_exactly(spark, tmp_path, local_
     sink = MVSink(local_target, "feed", max_rows_per_file=30)
     for epoch in range(5):
         sink(view_at(spark, epoch), epoch)
-    source = DeltaVersions({"path": local_target, "mode": "changes", "rewriteBytesPerTask": "1000"})
+    source = DeltaVersions({"path": local_target, "mode": "changes", "rewriteRowsPerTask": "20"})
     reader = source.streamReader(source.schema())
     parts = reader.partitions({"version": 0}, {"version": 4})
     assert max(p.buckets for p in parts if isinstance(p, _Rewrite)) > 2  # the option took effect
 
-    rows = pa.concat_tables(feed(spark, local_target, str(tmp_path / "ckpt"), rewriteBytesPerTask="1000"))
+    rows = pa.concat_tables(feed(spark, local_target, str(tmp_path / "ckpt"), rewriteRowsPerTask="20"))
     for v in range(5):
         before = multiset(target_table(local_target, v - 1), ["id", "v"]) if v else Counter()
         after = multiset(target_table(local_target, v), ["id", "v"])
         assert signed(rows, v, +1) == after - before, f"inserts of version {v}"
         assert signed(rows, v, -1) == before - after, f"retractions of version {v}"
-    with pytest.raises(Exception, match="rewriteBytesPerTask"):
-        feed(spark, local_target, str(tmp_path / "bad"), rewriteBytesPerTask="lots")
+    with pytest.raises(Exception, match="rewriteRowsPerTask"):
+        feed(spark, local_target, str(tmp_path / "bad"), rewriteRowsPerTask="lots")
 
 
 def test_the_change_feed_names_a_vacuumed_file_and_a_column_clash(spark, tmp_path, local_target):
