@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -48,8 +48,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Time = dict[str, int]
 Verdict = Literal["ahead", "same", "behind", "incomparable"]
+
+
+class Time(dict[str, int]):
+    """An epoch's time: its parts by name. ``legacy`` is the set of part names mvsink gave the
+    same offsets before parts were counted (read only against views it last committed)."""
+
+    legacy: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(parts: Mapping[str, int], legacy: Sequence[str] | None = None) -> Time:
+        time = Time(parts)
+        time.legacy = tuple(sorted(parts if legacy is None else legacy))
+        return time
 
 
 def read_checkpoint_file(
@@ -80,16 +92,19 @@ def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:
         raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint} is not in a format mvsink knows", where)
     # After the version and the batch's metadata: one line per source, its offset as JSON, or
     # "-" for a source with none yet.
-    out: Time = {}
+    out: dict[str, int] = {}
+    raw: dict[str, Any] = {}  # as mvsink named parts before it counted them: "-" was -1
     for i, line in enumerate(lines[2:]):
         if line.strip() == "-":
+            raw[str(i)] = -1
             continue
         try:
             offset = json.loads(line)
         except ValueError as exc:
             raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint}: source {i}: {exc}", where) from None
+        raw[str(i)] = offset
         out.update(source_parts(str(i), offset, where))
-    return out
+    return Time.of(out, list(flatten(raw, where)) if raw else [])
 
 
 _DELTA_INDEX_BITS = 32
@@ -98,7 +113,7 @@ _DELTA_INDEX_BITS = 32
 _DELTA_SPECIAL_INDEX = {-100: 0, -1: 0, -20: 1, -19: 2}
 
 
-def source_parts(name: str, offset: Any, where: Where) -> Time:
+def source_parts(name: str, offset: Any, where: Where) -> dict[str, int]:
     """One source's offset as parts that each only grow (see the module doc). An offset with
     no integer to order by (a source whose positions are strings) is an error: a time that
     never grows would freeze the view."""
@@ -126,7 +141,11 @@ def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) ->
     if clock == "batch_id":
         return None
     if callable(clock):
-        return flatten(clock(batch, epoch), where)
+        parts = flatten(clock(batch, epoch), where)
+        reserved = [k for k in parts if k in (_PARTS, "names") or k.startswith("names@")]
+        if reserved:
+            raise ConfigError(f"the clock names a part {reserved[0]!r}: mvsink keeps that name", where)
+        return Time.of(parts)
     if not opts.checkpoint:
         raise ConfigError("clock 'source_offsets' needs the query's 'checkpoint' option", where)
     return _offsets(opts, epoch, where)
@@ -140,9 +159,9 @@ def batch_start(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -
     return _offsets(opts, epoch - 1, where)
 
 
-def flatten(value: Any, where: Where, prefix: str = "") -> Time:
+def flatten(value: Any, where: Where, prefix: str = "") -> dict[str, int]:
     """Integer leaves of a (nested) offset, by dotted name."""
-    out: Time = {}
+    out: dict[str, int] = {}
     if isinstance(value, bool):
         pass
     elif isinstance(value, int):
@@ -163,38 +182,47 @@ _MISSING = -(2**63)  # below every offset: where a time has no such part
 _PARTS = "#parts"  # a name no part has (parts are dotted names of offsets' fields)
 
 
-def committed_time(snap: Snapshot, app_id: str, names: list[str]) -> Time | None:
+def committed_time(snap: Snapshot, app_id: str, time: Time) -> Time | None:
     """The time of the last commit made under this clock (None: none was), as far as it can be
-    compared with a time of parts ``names``. Committed parts that ``names`` lack are counted
-    under one part no time has, so ``compare`` finds such a time behind in it.
+    compared with ``time``. Committed parts that ``time`` lacks are counted under one part no
+    time has, so ``compare`` finds such a time behind in it.
 
     (A commit is made only when its time is ahead, so it has every part of the committed time
     before it: the parts recorded in the table are those of the last commit, and ``~#parts``
     says how many there are.)"""
-    found = {n: v for n in names if (v := snap.transaction(f"{app_id}~{n}")) is not None}
+    found = {n: v for n in time if (v := snap.transaction(f"{app_id}~{n}")) is not None}
     count = snap.transaction(f"{app_id}~{_PARTS}")
     if count is None:
         if snap.transaction(f"{app_id}~names") is None:
             return None  # never committed under a clock
-        return _legacy(snap, app_id, names, found)
+        return _legacy(snap, app_id, time, found)
     if count > len(found):
         found[_OTHER_PARTS] = 0
-    return found
+    return Time.of(found)
 
 
-def _legacy(snap: Snapshot, app_id: str, names: list[str], found: Time) -> Time:
-    """The committed time of a view last committed by mvsink before parts were counted: it
+def _legacy(snap: Snapshot, app_id: str, time: Time, found: dict[str, int]) -> Time:
+    """The committed time of a view last committed by mvsink before parts were counted. It
     named a Delta source's offset ``<n>.reservoirVersion`` and ``<n>.index`` (now one part
-    ``<n>.delta``), and every other part as now; compared on the parts both times have."""
-    for name in names:
+    ``<n>.delta``) and every other part as now, and tagged the set of names it had (``~names``):
+    a time whose old names are another set (a source with no offset then or now, another
+    Kafka partition) is not comparable, as it was not then."""
+    for name in time:
         if name.endswith(".delta") and name not in found:
             source = name.removesuffix(".delta")
             version = snap.transaction(f"{app_id}~{source}.reservoirVersion")
             index = snap.transaction(f"{app_id}~{source}.index")
             if version is not None and index is not None:
-                rank = _DELTA_SPECIAL_INDEX.get(index, index + 3)
-                found[name] = version << _DELTA_INDEX_BITS | rank
-    return found
+                rank = _DELTA_SPECIAL_INDEX.get(index, index + 3 if index >= 0 else None)
+                if rank is None:
+                    found[_OTHER_PARTS] = 0  # an index this order does not know: never ahead
+                else:
+                    found[name] = version << _DELTA_INDEX_BITS | rank
+    digest = hashlib.sha256("\n".join(sorted(time.legacy)).encode()).hexdigest()[:16]
+    tag = snap.transaction(f"{app_id}~names")
+    if not time.legacy or snap.transaction(f"{app_id}~names@{digest}") != tag:
+        found[_OTHER_PARTS] = 0
+    return Time.of(found)
 
 
 def compare(time: Time, committed: Time | None) -> Verdict:
@@ -277,9 +305,10 @@ class Stall:
         if self.note is None and self.checked:
             return
         path = self.note or self.note_path(view, who)
+        self.checked = True
         try:
             store.delete([path])
-            self.note, self.checked = None, True
+            self.note = None
         except Exception as exc:
             log.warning("%s: could not delete the stall note %s: %s", where, path, exc)
 
@@ -296,7 +325,7 @@ def stall_notes(store: Store, snap: Snapshot, view: str) -> list[dict[str, Any]]
             continue
         if not isinstance(note, dict) or not isinstance(note.get("time"), dict):
             continue
-        now = committed_time(snap, f"mvsink:{view}", list(note["time"]))
+        now = committed_time(snap, f"mvsink:{view}", Time.of(note["time"]))
         if now == note.get("committed"):
             out.append(note)
     return out

@@ -42,8 +42,8 @@ class DriverBudget:
     bytes_per_row: float | None = None
     """Arrow bytes per row of the last batch collected (None: none was)."""
     too_big: bool = False
-    """A batch of this view was once too big for the driver to collect: ``auto`` plans in
-    Spark tasks from then on, rather than collect and fail again each epoch."""
+    """A complete batch of this view was once too big for the driver to collect: ``auto``
+    plans in Spark tasks from then on, rather than collect and fail again each epoch."""
 
     def learn(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -67,6 +67,8 @@ class EpochContext:
     files_read: int = 0
     budget: DriverBudget = field(default_factory=DriverBudget)
     """Kept by the sink across epochs (``placement``)."""
+    too_big: bool = False
+    """This epoch's batch proved too big to collect: it plans in Spark tasks."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -92,7 +94,7 @@ class EpochContext:
         big to collect (``collect``), the sink plans in Spark tasks."""
         if self.opts.placement != "auto":
             return self.opts.placement
-        if self.budget.too_big:
+        if self.too_big or self.budget.too_big:
             return "distributed"
         # A file without a row count (a foreign writer's, no statistics) counts a row per 8
         # bytes: an unknown table is taken for a big one.
@@ -116,8 +118,9 @@ class EpochContext:
 
     def collect(self, rows: DataFrame) -> pa.Table | None:
         """``rows`` on the driver as Arrow; None if they are bigger than Spark lets a driver
-        collect under ``placement = "auto"`` (then the sink plans distributed from now on: a
-        default configuration never dies of the driver's result limit)."""
+        collect under ``placement = "auto"``: then this epoch plans distributed, and in
+        complete mode (where a batch is the whole view) every later one too. A default
+        configuration never dies of the driver's result limit."""
         try:
             table = rows.toArrow()
         except Exception as exc:
@@ -125,10 +128,12 @@ class EpochContext:
                 raise
             log.warning(
                 "%s: the batch is bigger than the driver may collect (spark.driver.maxResultSize): "
-                "the sink plans in Spark tasks (placement 'distributed') from now on",
+                "it plans in Spark tasks (placement 'distributed')%s",
                 self.where,
+                " from now on" if self.opts.mode == "complete" else " this epoch",
             )
-            self.budget.too_big = True
+            self.too_big = True
+            self.budget.too_big = self.budget.too_big or self.opts.mode == "complete"
             return None
         self.budget.learn(table)
         return table

@@ -336,7 +336,7 @@ class _Epoch:
             writers = Writers.read(snap, opts.app_id, opts.writer)
             verdict, committed = None, None
             if self.time is not None:
-                committed = committed_time(snap, opts.app_id, list(self.time))
+                committed = committed_time(snap, opts.app_id, self.time)
                 verdict = compare(self.time, committed)
             desc = mint(
                 self.epoch,

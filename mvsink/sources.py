@@ -246,8 +246,7 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ].append(f)
             for adds, removes in sides.values():
                 if self.changes and adds and removes:
-                    # A file without a row count (no statistics) counts a row per 8 bytes.
-                    rows = sum(f.rows if f.rows is not None else f.size // 8 for f in (*adds, *removes))
+                    rows = _rows_in(adds, removes)
                     buckets = min(MAX_REWRITE_BUCKETS, max(1, -(-rows // self.rewrite_rows_per_task)))
                     out.extend(
                         _Rewrite(version, tuple(adds), tuple(removes), b, buckets) for b in range(buckets)
@@ -367,6 +366,16 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _rows_in(adds: Sequence[_File], removes: Sequence[_File]) -> int:
+    """About how many rows the files hold: counted where the log has statistics (adds, mostly),
+    else by their bytes at the rows per byte of the counted files (removes seldom carry
+    statistics), else a row per 8 bytes."""
+    files = (*adds, *removes)
+    counted = [f for f in files if f.rows is not None and f.size]
+    per_byte = sum(f.rows or 0 for f in counted) / sum(f.size for f in counted) if counted else 1 / 8
+    return sum(f.rows if f.rows is not None else int(f.size * per_byte) + 1 for f in files)
 
 
 def _num_records(stats: Any) -> int | None:

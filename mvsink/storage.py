@@ -212,7 +212,7 @@ class Store:
                 if is_local(self.root):
                     self.delete(todo)
                 else:  # never in this process: its deletes would hold the GIL the epoch needs
-                    _delete_remote(self.root, self.options, todo, in_process=False)
+                    _delete_remote(self.root, self.options, todo, background=True)
             except Exception as exc:
                 log.warning("could not delete %d %s under %s: %s", len(todo), what, self.root, exc)
 
@@ -274,64 +274,106 @@ DELETE_PROCESSES = 8
 _PER_PROCESS = 64  # fewer files than this per helper are not worth starting one
 
 # delta-rs's file system handler holds the GIL while it waits on the network, so threads do
-# not overlap its deletes; helper processes do. Each is a plain interpreter that imports only
-# delta-rs (never the user's main module, nor Spark), reads its share as JSON on stdin and
-# deletes it with exactly the options and environment the commits use.
+# not overlap its deletes; helper processes do. A helper is a plain interpreter (-P: nothing
+# from the working directory) that imports only delta-rs (never the user's main module, nor
+# Spark) and reads jobs as JSON lines on stdin, each {root, options, paths}, deleting each with
+# exactly the options and environment the commits use, and answering each with a JSON line:
+# the failures.
 _DELETER = """
 import json, sys
 import pyarrow.fs as pafs
 from deltalake.fs import DeltaStorageHandler
-job = json.load(sys.stdin)
-fs = pafs.PyFileSystem(DeltaStorageHandler(job["root"], job["options"]))
-failed = []
-for path in job["paths"]:
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
-    except Exception as exc:
-        failed.append(path + ": " + str(exc).splitlines()[0] if str(exc) else path)
-json.dump(failed, sys.stdout)
+stores = {}
+for line in sys.stdin:
+    job = json.loads(line)
+    key = json.dumps([job["root"], job["options"]], sort_keys=True)
+    if key not in stores:
+        stores[key] = pafs.PyFileSystem(DeltaStorageHandler(job["root"], job["options"]))
+    fs, failed = stores[key], []
+    for path in job["paths"]:
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            failed.append(path + ": " + (str(exc).splitlines() or [""])[0])
+    print(json.dumps(failed), flush=True)
 """
 
 
+def _start_deleter() -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-P", "-c", _DELETER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+class _BackgroundDeleter:
+    """One long-lived helper process for the deletes ``Store.delete_later`` queues on object
+    stores (used from the one cleanup thread only): a process started once, not per epoch."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+
+    def delete(self, root: str, options: Mapping[str, str], paths: list[str]) -> list[str]:
+        import json
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = _start_deleter()
+        job = json.dumps({"root": root, "options": dict(options), "paths": paths})
+        try:
+            self.proc.stdin.write(job + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError) as exc:
+            self.proc = None
+            raise StorageError(f"the delete helper process stopped: {exc}") from exc
+        if not answer:
+            self.proc = None
+            raise StorageError("the delete helper process stopped before answering")
+        failed: list[str] = json.loads(answer)
+        return failed
+
+
+_background_deleter = _BackgroundDeleter()
+
+
 def _delete_remote(
-    root: str, options: Mapping[str, str], paths: list[str], *, in_process: bool = True
+    root: str, options: Mapping[str, str], paths: list[str], *, background: bool = False
 ) -> None:
-    """Delete ``paths`` from an object store: in this process below ``_PER_PROCESS`` files
-    (unless not ``in_process``: a background thread must not hold the GIL that long), else
-    spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError`` naming
-    the first failure, after trying every file."""
+    """Delete ``paths`` from an object store. In the background: through the one long-lived
+    helper process (the GIL stays the epoch's). Else in this process below ``_PER_PROCESS``
+    files, or spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError``
+    naming the first failure, after trying every file."""
     helpers = min(DELETE_PROCESSES, len(paths) // _PER_PROCESS)
-    if in_process and helpers < 2:
+    if background:
+        failed = _background_deleter.delete(root, options, paths)
+    elif helpers < 2:
         fs = _filesystem(root, tuple(sorted(options.items())))
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(path)
         return
-    helpers = max(helpers, 1)
-    import json
-    import subprocess
-    import sys
+    else:
+        import json
 
-    procs = []
-    for share in (paths[i::helpers] for i in range(helpers)):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _DELETER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append((proc, json.dumps({"root": root, "options": dict(options), "paths": share})))
-    with ThreadPoolExecutor(len(procs)) as pool:  # every helper at once: each waits for its job
-        answers = list(pool.map(lambda pj: pj[0].communicate(pj[1]), procs))
-    failed: list[str] = []
-    for (proc, _), (out, err) in zip(procs, answers, strict=True):
-        if proc.returncode != 0:
-            failed.append(f"a delete helper exited with {proc.returncode}: {err.strip()[-300:]}")
-            continue
-        failed.extend(json.loads(out or "[]"))
+        job = {"root": root, "options": dict(options)}
+        procs = [(_start_deleter(), json.dumps({**job, "paths": paths[i::helpers]})) for i in range(helpers)]
+        # Every helper at once, each with its share; closing stdin ends it after its answer.
+        with ThreadPoolExecutor(len(procs)) as pool:
+            answers = list(pool.map(lambda pj: pj[0].communicate(pj[1] + "\n"), procs))
+        failed = []
+        for (proc, _), (out, _err) in zip(procs, answers, strict=True):
+            if proc.returncode != 0 or not out:
+                failed.append(f"a delete helper exited with {proc.returncode}")
+                continue
+            failed.extend(json.loads(out))
     if failed:
         raise StorageError(f"{len(failed)} of {len(paths)} deletes under {root} failed, e.g. {failed[0]}")
 

@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from mvsink.delta import Snapshot, load_snapshot
-from mvsink.errors import ConfigError, Where
+from mvsink.errors import ConfigError, StorageError, Where, first_line
 from mvsink.index import HIDDEN, StoredIndex
 from mvsink.schema import target_struct
 from mvsink.storage import Store
@@ -100,7 +100,11 @@ def _refuse_nested_tables(store: Store, where: Where) -> None:
     takes the inner table's log and data files for unreferenced files of the outer one. Any
     ``_delta_log/`` below the root gives the inner table away, however old its files are (one
     listing of the table, as the full vacuum makes itself)."""
-    inner = sorted({p.split("/_delta_log/")[0] for p in store.files("") if "/_delta_log/" in p})
+    try:
+        listed = store.files("")
+    except OSError as exc:
+        raise StorageError(f"cannot list the table to vacuum: {first_line(exc)}", where) from exc
+    inner = sorted({p.split("/_delta_log/")[0] for p in listed if "/_delta_log/" in p})
     if inner:
         raise ConfigError(
             f"the table holds another Delta table in its folder ({inner[0]}/): a vacuum would delete "

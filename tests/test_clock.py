@@ -295,7 +295,8 @@ def test_a_view_committed_before_parts_were_counted_keeps_its_order(spark, tmp_p
     MVSink(local_target, "v")(rows, 0)
     snap = load_snapshot(local_target, "mvsink:v", {}, Where())
     assert snap.schema_json is not None
-    old = {"mvsink:v~0.reservoirVersion": 10, "mvsink:v~0.index": 3, "mvsink:v~names": 123456789}
+    old = {"mvsink:v~0.reservoirVersion": 10, "mvsink:v~0.index": 3, "mvsink:v~0.sourceVersion": 1}
+    old.update(old_tag("mvsink:v", old))
     compare_and_append(
         snap,
         adds=(),
@@ -316,3 +317,53 @@ def test_a_view_committed_before_parts_were_counted_keeps_its_order(spark, tmp_p
     assert sink(rows, 1).outcome == "replay"  # (10, 1): behind (10, 3)
     assert sink(rows, 2).outcome == "committed"  # (10, 5): ahead
     assert DeltaTable(local_target).transaction_version("mvsink:v~names") == -1
+
+
+def old_tag(app_id: str, parts: dict[str, int]) -> dict[str, int]:
+    """The tag of the set of part names, as mvsink wrote it before it counted parts."""
+    import hashlib
+
+    names = sorted(k.split("~", 1)[1] for k in parts)
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    tag = int(digest[:12], 16)
+    return {f"{app_id}~names@{digest[:16]}": tag, f"{app_id}~names": tag}
+
+
+def test_an_old_commit_with_other_sources_is_not_passed_by_a_time_lacking_them(spark, tmp_path, local_target):
+    """The old clock committed a part for every source (-1 for one without an offset): a time of
+    today whose sources name other parts is not ahead of it, as it was not then."""
+    import uuid
+
+    from mvsink.delta import compare_and_append, load_snapshot
+    from mvsink.errors import Where
+
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    MVSink(local_target, "v")(rows, 0)
+    snap = load_snapshot(local_target, "mvsink:v", {}, Where())
+    assert snap.schema_json is not None
+    old = {"mvsink:v~0.t.0": 100, "mvsink:v~1.u.0": 50}
+    old.update(old_tag("mvsink:v", old))
+    compare_and_append(
+        snap,
+        adds=(),
+        removes=(),
+        app_id="mvsink:v",
+        upper=None,
+        attempt_id=uuid.uuid4().hex,
+        metadata={},
+        schema_json=snap.schema_json,
+        partition_by=(),
+        where=Where(),
+        transactions=old,
+    )
+    batches = {0: ['{"t":{"0":120}}', "-"], 1: ['{"t":{"0":130}}', '{"u":{"0":60}}']}
+    ckpt = offsets_checkpoint(tmp_path / "c", "q", batches)
+    sink = MVSink(local_target, "v", clock="source_offsets", checkpoint=ckpt, heartbeat=0)
+    assert sink(rows, 0).outcome == "replay"  # source 1 has no offset: not ahead of 1.u.0 = 50
+    assert sink(rows, 1).outcome == "committed"  # both sources past the old commit
+
+
+def test_a_callable_clock_may_not_use_the_names_mvsink_keeps(spark, local_target):
+    sink = MVSink(local_target, "v", clock=lambda df, epoch: {"names": 3})
+    with pytest.raises(ConfigError, match="mvsink keeps that name"):
+        sink(spark.createDataFrame([(1, "a")], SCHEMA), 0)

@@ -128,3 +128,21 @@ def test_deletes_go_to_the_store_the_options_name(spark, s3_target, s3_options, 
     assert sorted(store.files("_mvsink")) == names[count:]
     assert store.get("keep.parquet") is not None
     assert Store(table_root(s3_target)).files("") == []  # the environment's server: untouched
+
+
+def test_background_deletes_reach_the_store_through_one_helper(spark, s3_target, s3_options):
+    """``delete_later`` on an object store goes through one long-lived helper process (the
+    epoch's thread keeps the GIL), with the options, not the environment, naming the store."""
+    from mvsink.delta import table_root
+    from mvsink.storage import Store, _background_deleter, wait_for_cleanup
+
+    store = Store(table_root(s3_target), s3_options)
+    names = [f"_mvsink/x/index/d/{i}.parquet" for i in range(6)]
+    for name in names:
+        store.put(name, b"entry")
+    store.delete_later(names[:3], "index entries")
+    store.delete_later(names[3:5], "index entries")
+    wait_for_cleanup()
+    assert store.files("_mvsink") == [names[5]]
+    helper = _background_deleter.proc
+    assert helper is not None and helper.poll() is None  # one process, still there for the next
