@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import logging
 import os
 import posixpath
@@ -200,6 +201,7 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
     features = _check_features(dt, where)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
+    _check_writable(dt, where)
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -270,6 +272,79 @@ def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
             where,
         )
     return frozenset(features)
+
+
+_writable: dict[str, str | None] = {}
+"""Per protocol and configuration: None if the installed delta-rs commits to such a table, else
+its refusal (``_check_writable``)."""
+
+
+def _check_writable(dt: DeltaTable, where: Where) -> None:
+    """Refuse, before anything is staged, a table the installed delta-rs cannot commit to.
+
+    delta-rs decides which table features it writes when it is compiled and tells only when a
+    commit is refused, after the files were staged. So the question is asked of it directly:
+    once per protocol and configuration, an empty commit to a scratch table on local disk with
+    the target's protocol and metadata (never the target). Its refusal names the features."""
+    proto = dt.protocol()
+    meta = dt.metadata()
+    protocol: dict[str, Any] = {
+        "minReaderVersion": proto.min_reader_version,
+        "minWriterVersion": proto.min_writer_version,
+    }
+    if proto.reader_features is not None:
+        protocol["readerFeatures"] = sorted(proto.reader_features)
+    if proto.writer_features is not None:
+        protocol["writerFeatures"] = sorted(proto.writer_features)
+    configuration = {k: v for k, v in meta.configuration.items() if v is not None}
+    key = json.dumps([protocol, configuration], sort_keys=True)
+    if key not in _writable:
+        _writable[key] = _probe_commit(
+            protocol, configuration, dt.schema().to_json(), list(meta.partition_columns)
+        )
+    refusal = _writable[key]
+    if refusal is not None:
+        import deltalake
+
+        raise UnsupportedTableError(
+            f"the installed deltalake {deltalake.__version__} cannot commit to the target ({refusal}); "
+            "nothing was staged. Point the view at a table without these features, or upgrade deltalake.",
+            where,
+        )
+
+
+def _probe_commit(
+    protocol: Mapping[str, Any], configuration: Mapping[str, str], schema: str, parts: list[str]
+) -> str | None:
+    """Commit nothing to a scratch table of this protocol and metadata: None if delta-rs does."""
+    import tempfile
+    import uuid
+
+    with tempfile.TemporaryDirectory(prefix="mvsink-probe-") as scratch:
+        os.makedirs(os.path.join(scratch, "_delta_log"))
+        metadata = {
+            "id": str(uuid.uuid4()),
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": schema,
+            "partitionColumns": parts,
+            "configuration": dict(configuration),
+            "createdTime": int(time.time() * 1000),
+        }
+        with open(os.path.join(scratch, "_delta_log", f"{0:020d}.json"), "w") as fh:
+            fh.write(json.dumps({"protocol": protocol}) + "\n" + json.dumps({"metaData": metadata}) + "\n")
+        try:
+            table = DeltaTable(scratch)
+            table.create_write_transaction(
+                [],
+                mode="append",
+                schema=table.schema(),
+                partition_by=parts or None,
+                commit_properties=CommitProperties(max_commit_retries=0),
+                post_commithook_properties=_NO_HOOKS,
+            )
+        except Exception as exc:
+            return first_line(exc)
+    return None
 
 
 TRANSACTION_RETENTION = "delta.setTransactionRetentionDuration"

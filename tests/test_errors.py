@@ -19,7 +19,8 @@ from mvsink import (
     SinkOptions,
     UnsupportedTableError,
 )
-from tests.helpers import assert_equal_to, target_table, versions
+from mvsink.storage import wait_for_cleanup
+from tests.helpers import assert_equal_to, store, target_table, versions
 from tests.test_sink import frame, people
 
 
@@ -65,6 +66,25 @@ def test_tables_with_deletion_vectors_or_column_mapping_are_refused(spark, targe
     with pytest.raises(UnsupportedTableError, match=feature) as info:
         unchanged_after(target, lambda: MVSink(target, "feat")(people(spark, range(3)), 0))
     assert info.value.target == target and info.value.epoch == 0
+
+
+@pytest.mark.parametrize("feature", ["RowTracking", "DomainMetadata"])
+def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark, target, feature):
+    """Spark makes such tables (delta.enableRowTracking, CLUSTER BY); delta-rs refuses to commit
+    to them only after everything was staged. The installed delta-rs is asked first, on a
+    scratch table, so the refusal names the feature and leaves the table's folder as it was."""
+    from deltalake._internal import TableFeatures
+
+    MVSink(target, "feat")(people(spark, range(3)), 0)
+    DeltaTable(target).alter.add_feature([getattr(TableFeatures, feature)], allow_protocol_versions_increase=True)
+    wait_for_cleanup()
+    files = store(target).files("")
+    with pytest.raises(
+        UnsupportedTableError, match=f"Unsupported table features required: \\[{feature}\\]"
+    ) as info:
+        unchanged_after(target, lambda: MVSink(target, "feat")(people(spark, range(5)), 1))
+    assert info.value.epoch == 1 and "nothing was staged" in str(info.value)
+    assert store(target).files("") == files  # the folder as it was: no staged file
 
 
 def test_a_table_whose_app_transactions_expire_is_refused(spark, local_target, caplog):
