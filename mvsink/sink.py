@@ -587,7 +587,16 @@ class _Epoch:
         self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int
     ) -> dict[str, str]:
         taken = {"mvsink.takeover": str((lineage.owner or 0) + 1)} if desc.takeover else {}
+        writer = self.opts.writer or f"{socket.gethostname()}:{os.getpid()}"
+        # What DESCRIBE HISTORY shows a person (its userMetadata column); the mvsink.* keys
+        # below are the same facts for tools.
+        summary = (
+            f"mvsink view {self.opts.name} epoch {self.epoch}: +{staged.inserted} -{staged.retracted} rows, "
+            f"files +{len(staged.adds)} -{len(staged.removes)}, frontier {desc.upper}, lineage "
+            f"{lineage.name}, writer {writer}"
+        )
         return {
+            "userMetadata": summary,
             **taken,
             "mvsink.lineage": lineage.name,
             **({"mvsink.time": json.dumps(self.time, sort_keys=True)} if self.time is not None else {}),
@@ -595,7 +604,7 @@ class _Epoch:
             "mvsink.epoch": str(self.epoch),
             "mvsink.lower": "" if desc.lower is None else str(desc.lower),
             "mvsink.upper": str(desc.upper),
-            "mvsink.writer": self.opts.writer or f"{socket.gethostname()}:{os.getpid()}",
+            "mvsink.writer": writer,
             "mvsink.inserted": str(staged.inserted),
             "mvsink.retracted": str(staged.retracted),
             "mvsink.files_added": str(len(staged.adds)),

@@ -73,6 +73,12 @@ def test_each_epoch_leaves_the_target_equal_to_desired_and_advances_the_frontier
         assert int(info["mvsink.inserted"]) == report.inserted
         assert int(info["mvsink.retracted"]) == report.retracted
         assert int(info["mvsink.files_removed"]) == len(removed(target, report.version))
+        # What DESCRIBE HISTORY shows in its userMetadata column, for a person.
+        assert info["userMetadata"] == (
+            f"mvsink view people epoch {epoch}: +{report.inserted} -{report.retracted} rows, files "
+            f"+{report.files_added} -{report.files_removed}, frontier {epoch + 1}, lineage direct, "
+            f"writer {info['mvsink.writer']}"
+        )
 
 
 def test_duplicates_nulls_and_nan_are_kept_exactly(spark, target, placement):
