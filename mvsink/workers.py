@@ -75,8 +75,17 @@ def check_workers(spark: SparkSession, where: Where) -> None:
     if app in _checked:
         return
     one: DataFrame = spark.range(1, numPartitions=1)
+    try:  # PySpark checks its own requirements (pandas, pyarrow) here, in this process
+        probe = one.mapInArrow(_probe(), _ANSWER)
+    except Exception as exc:
+        raise ConfigError(
+            f"this Python ({sys.executable}) cannot start mvsink's Spark tasks: {first_line(exc)}. "
+            "Install mvsink with its dependencies in it (pip install mvsink brings pyspark[sql]: "
+            "pandas, pyarrow, numpy).",
+            where,
+        ) from None
     try:
-        row = one.mapInArrow(_probe(), _ANSWER).toArrow().to_pylist()[0]
+        row = probe.toArrow().to_pylist()[0]
     except Exception as exc:
         raise ConfigError(
             f"Spark's Python workers ({_worker_python(spark)}) cannot run mvsink's tasks: "
