@@ -286,30 +286,8 @@ def test_a_view_committed_before_parts_were_counted_keeps_its_order(spark, tmp_p
     """mvsink before this clock named a Delta source's offset by its fields (``0.reservoirVersion``,
     ``0.index``) and tagged the set of names (``~names``): a replica of today reads that time
     in today's order, and its commits make such an old replica find the time incomparable."""
-    import uuid
-
-    from mvsink.delta import compare_and_append, load_snapshot
-    from mvsink.errors import Where
-
     rows = spark.createDataFrame([(1, "a")], SCHEMA)
-    MVSink(local_target, "v")(rows, 0)
-    snap = load_snapshot(local_target, "mvsink:v", {}, Where())
-    assert snap.schema_json is not None
-    old = {"mvsink:v~0.reservoirVersion": 10, "mvsink:v~0.index": 3, "mvsink:v~0.sourceVersion": 1}
-    old.update(old_tag("mvsink:v", old))
-    compare_and_append(
-        snap,
-        adds=(),
-        removes=(),
-        app_id="mvsink:v",
-        upper=None,
-        attempt_id=uuid.uuid4().hex,
-        metadata={},
-        schema_json=snap.schema_json,
-        partition_by=(),
-        where=Where(),
-        transactions=old,
-    )
+    old_clock_commit(rows, local_target, {"0.reservoirVersion": 10, "0.index": 3, "0.sourceVersion": 1})
     batches = {0: [delta_offset(9, 7)], 1: [delta_offset(10, 1)], 2: [delta_offset(10, 5)]}
     ckpt = offsets_checkpoint(tmp_path / "c", "q", batches)
     sink = MVSink(local_target, "v", clock="source_offsets", checkpoint=ckpt, heartbeat=0)
@@ -319,30 +297,25 @@ def test_a_view_committed_before_parts_were_counted_keeps_its_order(spark, tmp_p
     assert DeltaTable(local_target).transaction_version("mvsink:v~names") == -1
 
 
-def old_tag(app_id: str, parts: dict[str, int]) -> dict[str, int]:
-    """The tag of the set of part names, as mvsink wrote it before it counted parts."""
+def old_clock_commit(rows, target: str, parts: dict[str, int]) -> None:
+    """View ``v`` at ``target`` as mvsink left it before it counted parts: the committed time
+    as ``~<part>`` app transactions and a tag of the set of their names (``~names``)."""
     import hashlib
-
-    names = sorted(k.split("~", 1)[1] for k in parts)
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
-    tag = int(digest[:12], 16)
-    return {f"{app_id}~names@{digest[:16]}": tag, f"{app_id}~names": tag}
-
-
-def test_an_old_commit_with_other_sources_is_not_passed_by_a_time_lacking_them(spark, tmp_path, local_target):
-    """The old clock committed a part for every source (-1 for one without an offset): a time of
-    today whose sources name other parts is not ahead of it, as it was not then."""
     import uuid
 
     from mvsink.delta import compare_and_append, load_snapshot
     from mvsink.errors import Where
 
-    rows = spark.createDataFrame([(1, "a")], SCHEMA)
-    MVSink(local_target, "v")(rows, 0)
-    snap = load_snapshot(local_target, "mvsink:v", {}, Where())
+    MVSink(target, "v")(rows, 0)
+    snap = load_snapshot(target, "mvsink:v", {}, Where())
     assert snap.schema_json is not None
-    old = {"mvsink:v~0.t.0": 100, "mvsink:v~1.u.0": 50}
-    old.update(old_tag("mvsink:v", old))
+    digest = hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
+    tag = int(digest[:12], 16)
+    old = {
+        **{f"mvsink:v~{k}": v for k, v in parts.items()},
+        f"mvsink:v~names@{digest[:16]}": tag,
+        "mvsink:v~names": tag,
+    }
     compare_and_append(
         snap,
         adds=(),
@@ -356,6 +329,13 @@ def test_an_old_commit_with_other_sources_is_not_passed_by_a_time_lacking_them(s
         where=Where(),
         transactions=old,
     )
+
+
+def test_an_old_commit_with_other_sources_is_not_passed_by_a_time_lacking_them(spark, tmp_path, local_target):
+    """The old clock committed a part for every source (-1 for one without an offset): a time of
+    today whose sources name other parts is not ahead of it, as it was not then."""
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    old_clock_commit(rows, local_target, {"0.t.0": 100, "1.u.0": 50})
     batches = {0: ['{"t":{"0":120}}', "-"], 1: ['{"t":{"0":130}}', '{"u":{"0":60}}']}
     ckpt = offsets_checkpoint(tmp_path / "c", "q", batches)
     sink = MVSink(local_target, "v", clock="source_offsets", checkpoint=ckpt, heartbeat=0)

@@ -76,7 +76,9 @@ def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark,
     from deltalake._internal import TableFeatures
 
     MVSink(target, "feat")(people(spark, range(3)), 0)
-    DeltaTable(target).alter.add_feature([getattr(TableFeatures, feature)], allow_protocol_versions_increase=True)
+    DeltaTable(target).alter.add_feature(
+        [getattr(TableFeatures, feature)], allow_protocol_versions_increase=True
+    )
     wait_for_cleanup()
     files = store(target).files("")
     with pytest.raises(
