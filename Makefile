@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and Java 17+ needed):
 #   make demo   creates .venv, installs mvsink, runs the embedded default job
-#   make test   creates .venv, installs mvsink with its dev tools, runs the whole test suite
+#   make test   creates .venv (and .venv-delta, PySpark 4.2 for the JVM Delta interop line),
+#               installs mvsink with its dev tools, runs the whole test suite, then the interop line
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -22,11 +23,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# The interop line: mvsink beside the JVM Delta runtime Spark users run (delta-spark 4.4, which
+# needs PySpark 4.2.x), in a virtualenv of its own. Its jars: MVSINK_DELTA_JARS (here, the ones
+# built from source beside the repository); without them its tests are skipped with the reason.
+DELTA_VENV := .venv-delta
+DELTA_STAMP := $(DELTA_VENV)/.mvsink-installed
+MVSINK_DELTA_JARS ?= $(abspath $(wildcard ../shared/delta-jvm/jars))
+
+$(DELTA_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DELTA_VENV)
+	$(DELTA_VENV)/bin/pip install --quiet --upgrade pip
+	$(DELTA_VENV)/bin/pip install --quiet -e '.[dev]' 'pyspark[sql]==4.2.*' 'delta-spark==4.4.*'
+	@touch $(DELTA_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/mvsink run
 
-test: $(STAMP)
+test: $(STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
+	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q tests/interop
 
 lint: $(STAMP)
 	$(BIN)/ruff check mvsink tests bench
@@ -36,4 +51,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/complete_mode.py
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) $(DELTA_VENV) data .pytest_cache
