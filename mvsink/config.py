@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mvsink.cadence import Cadence
+from mvsink.catalog import check_name, is_path
 from mvsink.delta import REMOTE_SCHEMES, nested
 from mvsink.errors import ConfigError, Where
 
@@ -50,8 +51,11 @@ class SinkOptions(_Frozen):
     """Everything that configures one ``MVSink``."""
 
     target: str
-    """The Delta table that holds the view: a local path, a ``file://`` URI, or an object store
-    URI (``s3://``, ``gs://``, ``az://``/``abfss://``) with ``storage_options``."""
+    """The Delta table that holds the view: a local path (``/...``, ``./...``, ``../...`` or any
+    string with a ``/``), a ``file://`` URI, an object store URI (``s3://``, ``gs://``,
+    ``az://``/``abfss://``) with ``storage_options``, or a table name
+    (``[catalog.][schema.]table``) that the batch's Spark session's catalog resolves to a Delta
+    table's location at the first epoch (``catalog.py``)."""
     name: str
     """The view's name; the frontier is the Delta app transaction ``mvsink:<name>``."""
     mode: Literal["complete", "upsert", "append"] = "complete"
@@ -156,6 +160,7 @@ class SinkOptions(_Frozen):
     def _check_target(cls, v: str) -> str:
         if not v:
             raise ValueError("must not be empty")
+        check_name(v)
         scheme = urlparse(v).scheme
         if scheme not in ("", "file", *REMOTE_SCHEMES):
             raise ValueError(
@@ -210,7 +215,9 @@ class SinkOptions(_Frozen):
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
         for option in ("errors_target", "metrics_table"):
             other = getattr(self, option)
-            if other is not None and nested(self.target, other):
+            if other is not None and not is_path(other):
+                raise ValueError(f"option {option!r}: {other!r} must be a path or URI (not a table name)")
+            if other is not None and is_path(self.target) and nested(self.target, other):
                 raise ValueError(
                     f"option {option!r}: {other!r} is the target or lies inside it (or holds it): "
                     "a table inside another's folder is lost to the other's vacuum"

@@ -76,6 +76,6 @@ class JobConfig(BaseModel):
 
 DEFAULT: dict[str, Any] = {
     "job": {"tamper_after_epoch": 2},
-    "sink": {"target": "data/views/revenue", "name": "revenue"},
+    "sink": {"target": "./data/views/revenue", "name": "revenue"},
     "spark": {"spark.master": "local[2]"},
 }

@@ -52,6 +52,7 @@ from pyspark.sql import DataFrame
 
 from mvsink.append import Append
 from mvsink.cadence import Cadence, at_key, now_ms
+from mvsink.catalog import is_path, resolve
 from mvsink.clock import Stall, Time, Verdict, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
@@ -161,7 +162,33 @@ class MVSink:
 
     @property
     def target(self) -> str:
+        """The table's location (once a table name was resolved, its location)."""
         return self.options.target
+
+    def _locate(self, spark: Any) -> None:
+        """Resolve a target given as a table name to the Delta table's location, through
+        ``spark``'s catalog (``catalog.py``), once; the options then hold the location."""
+        if is_path(self.options.target):
+            return
+        name = self.options.target
+        location = resolve(spark, name, Where(self.name, name))
+        self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
+        log.info("%s: table %s is at %s", Where(self.name, name), name, location)
+
+    def _locate_now(self) -> None:
+        """``_locate`` outside an epoch: through the active Spark session."""
+        if is_path(self.options.target):
+            return
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise ConfigError(
+                f"target {self.options.target!r} is a table name: resolving it needs an active Spark "
+                "session (or run an epoch first)",
+                Where(self.name, self.options.target),
+            )
+        self._locate(spark)
 
     @property
     def store(self) -> Store:
@@ -189,6 +216,7 @@ class MVSink:
                 Where(self.name, self.target),
             )
         with self._lock:
+            self._locate_now()
             promote(self.target, self.name, self.options.writer, self.options.storage_options)
             self._read_only = False
 
@@ -261,6 +289,7 @@ class MVSink:
 
     def frontier(self) -> int | None:
         """The target's frontier for this view (None before the first commit)."""
+        self._locate_now()
         return read_frontier(self.target, self.options.app_id, self.options.storage_options)
 
     def __call__(self, batch_df: DataFrame, epoch_id: int) -> EpochReport:
@@ -270,6 +299,8 @@ class MVSink:
             raise InputError(f"the epoch must be a non-negative int, got {epoch_id!r}", where)
         with self._lock:
             if not self._probed:
+                self._locate(batch_df.sparkSession)
+                where = Where(self.name, self.target, epoch_id)
                 self.store.probe(where)
                 check_workers(batch_df.sparkSession, where)
                 self._probed = True

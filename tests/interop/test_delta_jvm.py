@@ -7,13 +7,14 @@ leaving the folder as it was; DESCRIBE HISTORY says what each mvsink commit did.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from mvsink import MVSink, UnsupportedTableError
+from mvsink import ConfigError, MVSink, UnsupportedTableError
 from mvsink.storage import wait_for_cleanup
 from tests.helpers import multiset, store, target_table, versions
 
@@ -102,3 +103,31 @@ def test_describe_history_says_what_each_commit_did(spark, tmp_path):
         f"+{report.files_added} -{report.files_removed}, frontier 2, lineage direct, writer blue"
     )
     assert said[0].startswith("mvsink view revenue epoch 0: +10 -0 rows")
+
+
+def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spark.sql(f"CREATE TABLE default.revenue ({SCHEMA}) USING delta")
+    try:
+        desired = view(spark, range(0, 12))
+        sink = MVSink("default.revenue", "revenue")
+        assert sink(desired, 0).outcome == "committed"
+        want = multiset(desired.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        assert (
+            multiset(spark.table("default.revenue").toArrow(), ["id", "name", "x", "day", "amount", "at"])
+            == want
+        )
+        again = view(spark, range(3, 14))
+        assert MVSink("`spark_catalog`.`default`.`revenue`", "revenue")(again, 1).outcome == "committed"
+        got = multiset(spark.table("default.revenue").toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        assert got == multiset(again.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        assert sink.frontier() == 2
+        assert os.listdir(tmp_path) == []  # nothing made from the name in the working directory
+        with pytest.raises(ConfigError, match="catalog does not know"):
+            MVSink("default.nope", "v")(desired, 0)
+        spark.range(3).write.format("parquet").saveAsTable("default.plain")
+        with pytest.raises(ConfigError, match="not a Delta table"):
+            MVSink("default.plain", "v")(desired, 0)
+    finally:
+        spark.sql("DROP TABLE IF EXISTS default.revenue")
+        spark.sql("DROP TABLE IF EXISTS default.plain")

@@ -1,0 +1,78 @@
+"""Targets given as table names: ``[catalog.][schema.]table``, resolved through Spark's catalog.
+
+A ``target`` is a **path** when it has a URI scheme (``s3://``, ``file:``, ...), starts with
+``/``, ``./`` or ``../``, or holds a path separator; anything else is a **table name**, written
+as ``spark.table()`` takes it (parts separated by dots, each an identifier or backquoted).
+A name is resolved at the first epoch through the batch's own Spark session, classic or
+Connect alike: ``DESCRIBE DETAIL`` gives a Delta table's location, which the sink then keeps.
+A name the catalog does not know, or that is not a Delta table, is a ``ConfigError`` naming it
+(and suggesting ``./name`` if a path was meant): never a folder made from a name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from mvsink.errors import ConfigError, Where, first_line
+
+_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`)"
+_NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
+
+
+def is_path(target: str) -> bool:
+    """Whether ``target`` names a location (else it is a table name)."""
+    return (
+        bool(urlparse(target).scheme)
+        or target.startswith(("/", "./", "../"))
+        or "/" in target
+        or os.sep in target
+        or target in (".", "..")
+    )
+
+
+def check_name(target: str) -> None:
+    """Raise ``ValueError`` unless ``target`` is a path or a well-formed table name."""
+    if not is_path(target) and not _NAME.match(target):
+        raise ValueError(
+            f"{target!r} is neither a path (a URI, or starting with '/', './' or '../') nor a table "
+            "name ([catalog.][schema.]table, parts backquoted if they hold other characters)"
+        )
+
+
+def resolve(spark: Any, name: str, where: Where) -> str:
+    """The location of the Delta table ``name`` in ``spark``'s catalog."""
+    try:
+        known = bool(spark.catalog.tableExists(name))
+    except Exception as exc:
+        raise ConfigError(
+            f"target {name!r}: the session's catalog cannot look it up: {first_line(exc)}", where
+        ) from None
+    if not known:
+        raise ConfigError(
+            f"target {name!r} is a table name the session's catalog does not know. Create the "
+            f"table first, or give a path: './{name}' for a folder of that name.",
+            where,
+        )
+    try:
+        rows = spark.sql(f"DESCRIBE DETAIL {name}").collect()
+    except Exception as exc:
+        # Without Delta's SQL extension, DESCRIBE DETAIL t reads as DESCRIBE TABLE `DETAIL` t.
+        raise ConfigError(
+            f"target {name!r} is a table name, and resolving it needs Delta in the Spark session "
+            f"(delta-spark, whose DESCRIBE DETAIL gives a table's location): {first_line(exc)}. "
+            "Give the table's path or URI instead.",
+            where,
+        ) from None
+    detail = rows[0].asDict() if rows else {}
+    if str(detail.get("format", "")).lower() != "delta" or not detail.get("location"):
+        raise ConfigError(
+            f"target {name!r} is a {detail.get('format') or 'non-Delta'} table, not a Delta table: "
+            "mvsink keeps Delta tables only",
+            where,
+        )
+    location = str(detail["location"])
+    parsed = urlparse(location)
+    return unquote(parsed.path) if parsed.scheme == "file" else location

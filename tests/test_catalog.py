@@ -1,0 +1,55 @@
+"""Targets given as table names (``catalog.py``): a name is never a folder.
+
+Sessions here have no Delta: a name resolves to nothing, and the sink says so before anything
+is written. Resolving names of Delta tables is tested beside the JVM Delta runtime
+(tests/interop).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mvsink import ConfigError, MVSink
+from mvsink.catalog import is_path
+from tests.test_sink import people
+
+
+def test_what_is_a_path_and_what_is_a_name():
+    for path in ("/lake/v", "./v", "../v", "data/views/v", "s3://b/v", "file:///v", "abfss://c@a/v"):
+        assert is_path(path), path
+    for name in ("revenue", "default.revenue", "spark_catalog.default.revenue", "`my table`.`x.y`"):
+        assert not is_path(name), name
+    with pytest.raises(ConfigError, match=r"neither a path .* nor a table name"):
+        MVSink("my revenue", "v")
+    with pytest.raises(ConfigError, match="must be a path or URI"):
+        MVSink("./v", "v", metrics_table="ops.metrics")
+
+
+@pytest.mark.parametrize("name", ["revenue", "default.revenue", "`default`.`revenue`"])
+def test_a_name_the_catalog_does_not_know_is_an_error_never_a_folder(spark, tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    sink = MVSink(name, "revenue")
+    with pytest.raises(ConfigError, match=r"catalog does not know.*'\./") as info:
+        sink(people(spark, range(3)), 0)
+    assert info.value.view == "revenue"
+    assert os.listdir(tmp_path) == []  # no folder made from the name
+    # The explicit path form is a folder of that name.
+    assert MVSink("./revenue", "revenue")(people(spark, range(3)), 0).outcome == "committed"
+    assert os.listdir(tmp_path) == ["revenue"]
+
+
+def test_a_name_needs_delta_in_the_session_to_resolve(spark, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    people(spark, range(3)).createOrReplaceTempView("people_now")
+    with pytest.raises(ConfigError, match="needs Delta in the Spark session"):
+        MVSink("people_now", "v")(people(spark, range(3)), 0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_under_connect_a_name_resolves_through_the_batchs_session(connect, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="catalog does not know"):
+        MVSink("nowhere.revenue", "v")(connect.range(3).selectExpr("id", "'a' AS name", "0.5 AS x"), 0)
+    assert os.listdir(tmp_path) == []
