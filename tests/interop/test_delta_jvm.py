@@ -131,3 +131,25 @@ def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
     finally:
         spark.sql("DROP TABLE IF EXISTS default.revenue")
         spark.sql("DROP TABLE IF EXISTS default.plain")
+
+
+def test_deltas_optimize_inside_an_epochs_commit_window_and_vacuum_leave_every_version_exact(spark, tmp_path):
+    """Delta's OPTIMIZE landing between an epoch's snapshot and its commit makes the commit
+    conflict and re-plan (never turn a retraction into a no-op); VACUUM with the default
+    retention deletes nothing any version references."""
+    from tests.helpers import once
+
+    target = str(tmp_path / "view")
+    sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0)
+    sink(view(spark, range(0, 30)), 0)
+    sink._before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
+    report = sink(view(spark, range(2, 30), tag="b"), 1)
+    assert report.outcome == "committed" and report.attempts == 2
+    sink(view(spark, range(4, 33), tag="c"), 2)
+    spark.sql(f"VACUUM delta.`{target}`").collect()
+    for version in versions(target):
+        want = multiset(target_table(target, version), ["id", "name", "x", "day", "amount", "at"])
+        assert spark_rows(spark, target, version) == want, f"version {version}"
+    assert spark_rows(spark, target) == multiset(
+        view(spark, range(4, 33), tag="c").toArrow(), ["id", "name", "x", "day", "amount", "at"]
+    )
