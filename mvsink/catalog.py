@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from mvsink.errors import ConfigError, Where, first_line
 
@@ -23,7 +23,10 @@ _NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
 
 
 def is_path(target: str) -> bool:
-    """Whether ``target`` names a location (else it is a table name)."""
+    """Whether ``target`` names a location (else it is a table name; a backquoted name may
+    hold any character)."""
+    if target.startswith("`"):
+        return False
     return (
         bool(urlparse(target).scheme)
         or target.startswith(("/", "./", "../"))
@@ -50,6 +53,12 @@ def resolve(spark: Any, name: str, where: Where) -> str:
         raise ConfigError(
             f"target {name!r}: the session's catalog cannot look it up: {first_line(exc)}", where
         ) from None
+    if known and os.path.isdir(os.path.join(name, "_delta_log")):
+        raise ConfigError(
+            f"target {name!r} is both a table in the session's catalog and a Delta table in the "
+            f"folder ./{name}: say which, with the table's full name or './{name}'",
+            where,
+        )
     if not known:
         raise ConfigError(
             f"target {name!r} is a table name the session's catalog does not know. Create the "
@@ -73,6 +82,8 @@ def resolve(spark: Any, name: str, where: Where) -> str:
             "mvsink keeps Delta tables only",
             where,
         )
+    # A Hadoop path string (decoded): "file:/lake/t" on local disk, else the store's URI.
     location = str(detail["location"])
-    parsed = urlparse(location)
-    return unquote(parsed.path) if parsed.scheme == "file" else location
+    if location.startswith("file://"):
+        return location.removeprefix("file://")
+    return location.removeprefix("file:") if location.startswith("file:") else location

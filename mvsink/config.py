@@ -162,6 +162,11 @@ class SinkOptions(_Frozen):
             raise ValueError("must not be empty")
         check_name(v)
         scheme = urlparse(v).scheme
+        if scheme in ("", "file") and is_path(v) and "%" in (v if not scheme else v.split("://", 1)[-1]):
+            raise ValueError(
+                f"{v!r}: delta-rs reads '%' in a local path as a percent-escape (a%41b is aAb), so the "
+                "table and its files would land in two folders; use a path without '%'"
+            )
         if scheme not in ("", "file", *REMOTE_SCHEMES):
             raise ValueError(
                 f"unknown scheme {scheme!r}: use a local path, file://, s3://, gs://, az://, "

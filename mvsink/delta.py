@@ -34,6 +34,7 @@ from deltalake.transaction import (
 
 from mvsink.errors import (
     CommitOutcomeUnknownError,
+    ConfigError,
     ConflictError,
     MVSinkError,
     StorageError,
@@ -184,8 +185,19 @@ class Snapshot:
         return None if found is None else int(found)
 
 
-def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], where: Where) -> Snapshot:
-    """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep."""
+def load_snapshot(
+    target: str, app_id: str, storage_options: Mapping[str, str], where: Where, *, writing: bool = True
+) -> Snapshot:
+    """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep
+    (with ``writing``, also a table the installed delta-rs cannot commit to)."""
+    from mvsink.catalog import is_path
+
+    if not is_path(target):
+        raise ConfigError(
+            f"{target!r} is a table name: here give the table's path or URI (only the sink resolves "
+            f"names, through its Spark session), or './{target}' for a folder of that name",
+            where,
+        )
     root = table_root(target)
     try:
         dt = DeltaTable(root, storage_options=dict(storage_options) or None)
@@ -201,7 +213,8 @@ def load_snapshot(target: str, app_id: str, storage_options: Mapping[str, str], 
     features = _check_features(dt, where)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
-    _check_writable(dt, where)
+    if writing:
+        _check_writable(dt, where)
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -299,9 +312,12 @@ def _check_writable(dt: DeltaTable, where: Where) -> None:
     configuration = {k: v for k, v in meta.configuration.items() if v is not None}
     key = json.dumps([protocol, configuration], sort_keys=True)
     if key not in _writable:
-        _writable[key] = _probe_commit(
-            protocol, configuration, dt.schema().to_json(), list(meta.partition_columns)
-        )
+        refusal = _probe_commit(protocol, configuration, dt.schema().to_json(), list(meta.partition_columns))
+        if refusal is not None and "unsupported" not in refusal.lower():
+            # Not delta-rs refusing the table (a full /tmp, say): unknown, asked again next time.
+            log.warning("%s: could not ask delta-rs whether it writes this table: %s", where, refusal)
+            return
+        _writable[key] = refusal
     refusal = _writable[key]
     if refusal is not None:
         import deltalake
@@ -368,6 +384,10 @@ def _check_transaction_retention(configuration: Mapping[str, str | None], where:
 
 def read_frontier(target: str, app_id: str, storage_options: Mapping[str, str]) -> int | None:
     """The upper recorded under ``app_id``, or None (no table, or never committed)."""
+    from mvsink.catalog import is_path
+
+    if not is_path(target):
+        raise ConfigError(f"{target!r} is a table name: give the table's path or URI", Where(target=target))
     try:
         dt = DeltaTable(table_root(target), storage_options=dict(storage_options) or None)
     except TableNotFoundError:

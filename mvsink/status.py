@@ -131,7 +131,7 @@ def status(
     versions) in the Delta table at ``target``."""
     options = dict(storage_options or {})
     where = Where(name, target)
-    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where)
+    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
     # The snapshot's own handle: the history ends at the version the figures describe.

@@ -100,7 +100,7 @@ def verify(
     where = Where(name, target)
     check_supported(desired.schema, where)
     stored = stored_struct(desired.schema, None)
-    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where)
+    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
     if not snap.exists or snap.schema_json is None:
         raise ConfigError("there is no Delta table to verify (check the path)", where)
     check_fits(stored, snap.schema_json, where)
@@ -211,7 +211,7 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         return empty
     result: DataFrame = spark.read.parquet(out)
     if job.sink.on_error == "table":  # error rows belong in the errors table, not the view
-        snap = load_snapshot(job.sink.target, job.sink.app_id, job.sink.storage_options, where)
+        snap = load_snapshot(job.sink.target, job.sink.app_id, job.sink.storage_options, where, writing=False)
         rules = rules_for(snap, job.sink, where)
         result = result.where(rules.broken().isNull())
     return result

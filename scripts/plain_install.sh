@@ -6,8 +6,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet --disable-pip-version-check "$root" 2>&1 | grep -v "^WARNING: Location" || true
+"${PYTHON:-python3}" -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet --disable-pip-version-check "$root"
 cd "$work"  # never the repository's own mvsink
 PATH="$work/venv/bin:$PATH" python - <<'PY'
 from deltalake import DeltaTable

@@ -19,7 +19,7 @@ from tests.test_sink import people
 def test_what_is_a_path_and_what_is_a_name():
     for path in ("/lake/v", "./v", "../v", "data/views/v", "s3://b/v", "file:///v", "abfss://c@a/v"):
         assert is_path(path), path
-    for name in ("revenue", "default.revenue", "spark_catalog.default.revenue", "`my table`.`x.y`"):
+    for name in ("revenue", "default.revenue", "spark_catalog.default.revenue", "`my table`.`x.y`", "`a/b`"):
         assert not is_path(name), name
     with pytest.raises(ConfigError, match=r"neither a path .* nor a table name"):
         MVSink("my revenue", "v")
@@ -43,8 +43,29 @@ def test_a_name_the_catalog_does_not_know_is_an_error_never_a_folder(spark, tmp_
 def test_a_name_needs_delta_in_the_session_to_resolve(spark, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     people(spark, range(3)).createOrReplaceTempView("people_now")
-    with pytest.raises(ConfigError, match="needs Delta in the Spark session"):
-        MVSink("people_now", "v")(people(spark, range(3)), 0)
+    try:
+        with pytest.raises(ConfigError, match="needs Delta in the Spark session"):
+            MVSink("people_now", "v")(people(spark, range(3)), 0)
+        assert os.listdir(tmp_path) == []
+        # Both a catalog entry and a Delta folder of that name: ambiguous, refused.
+        MVSink("./people_now", "v")(people(spark, range(3)), 0)
+        with pytest.raises(ConfigError, match="both a table in the session's catalog and a Delta table"):
+            MVSink("people_now", "v")(people(spark, range(5)), 1)
+    finally:
+        spark.catalog.dropTempView("people_now")
+
+
+def test_the_operations_take_paths_and_say_so_for_a_name(spark, tmp_path, monkeypatch, capsys):
+    from mvsink import frontier, status
+    from mvsink.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="is a table name"):
+        status("default.revenue")
+    with pytest.raises(ConfigError, match="is a table name"):
+        frontier("default.revenue", "revenue")
+    assert main(["status", "default.revenue"]) == 2
+    assert "is a table name" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
 

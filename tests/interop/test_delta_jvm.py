@@ -123,14 +123,23 @@ def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
         assert got == multiset(again.toArrow(), ["id", "name", "x", "day", "amount", "at"])
         assert sink.frontier() == 2
         assert os.listdir(tmp_path) == []  # nothing made from the name in the working directory
+        assert sink.target != "default.revenue" and os.path.isdir(os.path.join(sink.target, "_delta_log"))
         with pytest.raises(ConfigError, match="catalog does not know"):
             MVSink("default.nope", "v")(desired, 0)
+        # A location whose name holds a percent sign is taken as it is (not decoded), and
+        # refused: delta-rs would read it as an escape and split the table over two folders.
+        odd = tmp_path / "a%41b"
+        spark.sql(f"CREATE TABLE default.odd ({SCHEMA}) USING delta LOCATION '{odd}'")
+        with pytest.raises(ConfigError, match=r"a%41b.*percent-escape"):
+            MVSink("default.odd", "odd")(desired, 0)
+        assert not (tmp_path / "aAb").exists()
         spark.range(3).write.format("parquet").saveAsTable("default.plain")
         with pytest.raises(ConfigError, match="not a Delta table"):
             MVSink("default.plain", "v")(desired, 0)
     finally:
         spark.sql("DROP TABLE IF EXISTS default.revenue")
         spark.sql("DROP TABLE IF EXISTS default.plain")
+        spark.sql("DROP TABLE IF EXISTS default.odd")
 
 
 def test_deltas_optimize_inside_an_epochs_commit_window_and_vacuum_leave_every_version_exact(spark, tmp_path):
