@@ -67,6 +67,7 @@ from mvsink.errors import (
     InvariantViolation,
     LineageError,
     RetriesExhaustedError,
+    UnsupportedTableError,
     Where,
 )
 from mvsink.index import PersistedIndex
@@ -362,6 +363,7 @@ class _Epoch:
         for attempt in range(1, policy.max_attempts + 1):
             with ctx.phase("snapshot"):
                 snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
+            self._check_append_only(snap)
             layout = self._layout(snap)
             lineage = Lineage.read(snap, opts.app_id, self.lineage)
             writers = Writers.read(snap, opts.app_id, opts.writer)
@@ -520,6 +522,16 @@ class _Epoch:
             "at_ms": int(time.time() * 1000),
         }
         stall.leave_note(store, self.opts.name, who, fields, self.where)
+
+    def _check_append_only(self, snap: Snapshot) -> None:
+        """An append-only table (``delta.appendOnly``) takes no removes: complete and upsert
+        mode, which retract rows, are refused before anything is staged."""
+        if self.opts.mode != "append" and snap.configuration.get("delta.appendOnly", "").lower() == "true":
+            raise UnsupportedTableError(
+                f"the target is append-only (delta.appendOnly = true): {self.opts.mode} mode retracts "
+                "rows, which such a table refuses. Use mode 'append', or a table without the property.",
+                self.where,
+            )
 
     def _check_staged(self, staged: Staged) -> None:
         """Every staged file is in storage, whole, before a commit may reference it."""

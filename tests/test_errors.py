@@ -89,6 +89,22 @@ def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark,
     assert store(target).files("") == files  # the folder as it was: no staged file
 
 
+def test_an_append_only_table_takes_append_mode_only(spark, local_target):
+    """delta.appendOnly refuses removes, and delta-rs says so only at the commit, after staging:
+    complete and upsert mode are refused first; append mode goes on."""
+    MVSink(local_target, "a", mode="append")(people(spark, range(3)), 0)
+    DeltaTable(local_target).alter.set_table_properties({"delta.appendOnly": "true"})
+    files = store(local_target).files("")
+    for options in ({"mode": "complete"}, {"mode": "upsert", "key": ["id"]}):
+        with pytest.raises(UnsupportedTableError, match=r"append-only \(delta\.appendOnly"):
+            unchanged_after(
+                local_target, lambda o=options: MVSink(local_target, "a", **o)(people(spark, range(2)), 1)
+            )
+    assert store(local_target).files("") == files
+    assert MVSink(local_target, "a", mode="append")(people(spark, range(3, 5)), 1).outcome == "committed"
+    assert target_table(local_target).num_rows == 5
+
+
 def test_a_table_whose_app_transactions_expire_is_refused(spark, local_target, caplog):
     """With delta.setTransactionRetentionDuration, delta-rs forgets app transactions not
     written for that long: the frontier of a query that was down longer goes, and an append
