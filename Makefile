@@ -33,7 +33,7 @@ MVSINK_DELTA_JARS ?= $(abspath $(wildcard ../shared/delta-jvm/jars))
 $(DELTA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(DELTA_VENV)
 	$(DELTA_VENV)/bin/pip install --quiet --upgrade pip
-	$(DELTA_VENV)/bin/pip install --quiet -e '.[dev]' 'pyspark[sql]==4.2.0'
+	$(DELTA_VENV)/bin/pip install --quiet -e '.[dev,interop]' 'pyspark[sql]==4.2.0'
 	@touch $(DELTA_STAMP)
 
 demo: $(STAMP)

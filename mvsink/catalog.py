@@ -45,6 +45,26 @@ def check_name(target: str) -> None:
         )
 
 
+def locate(target: str, where: Where, spark: Any = None) -> str:
+    """``target`` itself when it is a path, else the location of the Delta table it names in
+    ``spark``'s catalog (by default the active session's): how the operations commands take
+    names. Without a session, a ``ConfigError`` that says what to give instead."""
+    if is_path(target):
+        return target
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise ConfigError(
+            f"target {target!r} is a table name: resolving it needs a Spark session whose catalog "
+            f"knows it (start one first; the CLI starts one configured by the job file's [spark] "
+            f"and --conf), or give the table's path or URI ('./{target}' for a folder of that name)",
+            where,
+        )
+    return resolve(spark, target, where)
+
+
 def resolve(spark: Any, name: str, where: Where) -> str:
     """The location of the Delta table ``name`` in ``spark``'s catalog."""
     try:

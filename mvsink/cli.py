@@ -12,6 +12,9 @@ mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
                                merge small files through the sink's strict commit
 mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
                                delete unreferenced files, crashed attempts' and stale index entries
+
+TARGET is a path or URI, or a table name ([catalog.][schema.]table) resolved through a Spark
+session that the command starts, configured by the job file's [spark] table and --conf.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
     fr.add_argument("target")
     fr.add_argument("name")
+    _conf_option(fr)
     pr = sub.add_parser("promote", help="make a writer the view's active writer")
     pr.add_argument("target")
     pr.add_argument("--name", required=True, help="the view")
@@ -43,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
     )
+    _conf_option(pr)
     st = sub.add_parser("status", help="per view: frontier, lineage, writer, last commit, lag, files")
     st.add_argument("target", nargs="?", help="the Delta table (or give --job)")
     st.add_argument("--name", help="one view (default: every view committed recently)")
@@ -109,13 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "promote":
             from mvsink.sink import promote
 
-            options = dict(o.split("=", 1) for o in args.storage_option)
+            options = _pairs(args.storage_option, "--storage-option")
+            _session_for(args.target, args)
             version = promote(args.target, args.name, args.writer, options)
             print(f"{args.writer} is the active writer of {args.name} as of version {version}")
             return 0
         if args.command == "frontier":
             from mvsink.sink import frontier
 
+            _session_for(args.target, args)
             value = frontier(args.target, args.name)
             print("" if value is None else value)
             return 0
@@ -139,27 +146,73 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
     )
+    _conf_option(parser)
+
+
+def _conf_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark configuration for the session this command starts (to resolve a table name, or "
+        "to compute desired), over the job file's [spark]",
+    )
+
+
+def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise ConfigError(f"{flag} takes KEY=VALUE, got {bad[0]!r}")
+    return dict(v.split("=", 1) for v in values)
+
+
+def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
+    """The Spark configuration of a command's session: the job file's [spark] (its master
+    aside: the command runs here), then --conf."""
+    conf: dict[str, str] = {}
+    if getattr(args, "job", None):
+        from mvsink.job import JobConfig
+
+        conf = {k: v for k, v in JobConfig.load(args.job).spark.items() if k != "spark.master"}
+    conf.update(_pairs(args.conf, "--conf"))
+    # Spark's console progress bar on a terminal only.
+    conf["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
+    return conf
+
+
+def _session_for(target: str, args: argparse.Namespace) -> None:
+    """Start the command's Spark session when ``target`` is a table name: the operations then
+    resolve it through that session's catalog (``catalog.locate``)."""
+    from mvsink.catalog import is_path
+
+    if target and not is_path(target):
+        from mvsink.session import local_session
+
+        _progress(f"starting Spark to look up {target} ...")
+        local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
     """Target, view name, storage options and the small-file threshold (a quarter of the
     sink's ``max_rows_per_file``) from the arguments, a job file filling in what they omit."""
-    bad = [o for o in args.storage_option if "=" not in o]
-    if bad:
-        raise ConfigError(f"--storage-option takes KEY=VALUE, got {bad[0]!r}")
-    options = dict(o.split("=", 1) for o in args.storage_option)
+    options = _pairs(args.storage_option, "--storage-option")
     if args.job:
         from mvsink.job import JobConfig
 
         sink = JobConfig.load(args.job).sink
-        merged = {**sink.storage_options, **options}
-        return args.target or sink.target, args.name or sink.name, merged, sink.max_rows_per_file // 4
-    if not args.target:
+        target, name = args.target or sink.target, args.name or sink.name
+        options, small = {**sink.storage_options, **options}, sink.max_rows_per_file // 4
+    elif not args.target:
         raise ConfigError("give the target table (or --job with a job file)")
-    from mvsink.config import SinkOptions
+    else:
+        from mvsink.config import SinkOptions
 
-    default_rows = int(SinkOptions.model_fields["max_rows_per_file"].default)
-    return args.target, args.name, options, default_rows // 4
+        target, name = args.target, args.name
+        small = int(SinkOptions.model_fields["max_rows_per_file"].default) // 4
+    if args.command != "verify":  # verify starts its session anyway
+        _session_for(target, args)
+    return target, name, options, small
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -171,18 +224,15 @@ def _verify(args: argparse.Namespace) -> int:
     if bool(args.sql) == bool(args.job):
         raise ConfigError("give desired as exactly one of --sql QUERY or --job JOB.toml")
     target, name, options, _ = _target(args)
-    conf = {}
-    if args.job:
-        from mvsink.job import JobConfig
-
-        job = JobConfig.load(args.job)
-        conf = {k: v for k, v in job.spark.items() if k != "spark.master"}
-    # Spark's console progress bar on a terminal only.
-    conf["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
     _progress(f"verifying {target} ...")
-    spark = local_session("mvsink-verify", conf=conf)
+    spark = local_session("mvsink-verify", conf=_spark_conf(args))
     with tempfile.TemporaryDirectory(prefix="mvsink-verify-") as scratch:
-        desired = spark.sql(args.sql) if args.sql else desired_of_job(spark, job, scratch)
+        if args.sql:
+            desired = spark.sql(args.sql)
+        else:
+            from mvsink.job import JobConfig
+
+            desired = desired_of_job(spark, JobConfig.load(args.job), scratch)
         result = verify(desired, target, name, options)
     print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) if args.json else result)
     return 0 if result.ok else 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from mvsink.catalog import locate
 from mvsink.config import RetryPolicy
 from mvsink.delta import DataFile, Snapshot, compare_and_append, load_snapshot
 from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
@@ -78,6 +79,7 @@ def compact(
     """Merge the small files of view ``name``'s table at ``target`` (see the module doc)."""
     options = dict(storage_options or {})
     where = Where(name, target)
+    target = locate(target, where)
     policy = retry or RetryPolicy()
     small = max(2, max_rows_per_file // 4) if small_rows is None else small_rows
     for attempt in range(1, policy.max_attempts + 1):

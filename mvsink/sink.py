@@ -52,7 +52,7 @@ from pyspark.sql import DataFrame
 
 from mvsink.append import Append
 from mvsink.cadence import Cadence, at_key, now_ms
-from mvsink.catalog import is_path, resolve
+from mvsink.catalog import is_path, locate
 from mvsink.clock import Stall, Time, Verdict, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
@@ -172,24 +172,13 @@ class MVSink:
         if is_path(self.options.target):
             return
         name = self.options.target
-        location = resolve(spark, name, Where(self.name, name))
+        location = locate(name, Where(self.name, name), spark)
         self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
         log.info("%s: table %s is at %s", Where(self.name, name), name, location)
 
     def _locate_now(self) -> None:
         """``_locate`` outside an epoch: through the active Spark session."""
-        if is_path(self.options.target):
-            return
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
-        if spark is None:
-            raise ConfigError(
-                f"target {self.options.target!r} is a table name: resolving it needs an active Spark "
-                "session (or run an epoch first)",
-                Where(self.name, self.options.target),
-            )
-        self._locate(spark)
+        self._locate(None)
 
     @property
     def store(self) -> Store:
@@ -696,7 +685,7 @@ def promote(target: str, name: str, writer: str, storage_options: Mapping[str, s
         target=target, name=name, writer=writer, storage_options=dict(storage_options or {})
     )
     where = Where(name, target)
-    snap = load_snapshot(target, options.app_id, options.storage_options, where)
+    snap = load_snapshot(locate(target, where), options.app_id, options.storage_options, where)
     return promote_on(snap, options, where)
 
 
@@ -724,4 +713,4 @@ def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
 
 def frontier(target: str, name: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The frontier (upper) of view ``name`` in the Delta table at ``target``, or None."""
-    return read_frontier(target, f"mvsink:{name}", storage_options or {})
+    return read_frontier(locate(target, Where(name, target)), f"mvsink:{name}", storage_options or {})

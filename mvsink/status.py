@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mvsink.cadence import at_key
+from mvsink.catalog import locate
 from mvsink.clock import stall_notes
 from mvsink.delta import load_snapshot, metadata_int
 from mvsink.errors import Where
@@ -131,6 +132,7 @@ def status(
     versions) in the Delta table at ``target``."""
     options = dict(storage_options or {})
     where = Where(name, target)
+    target = locate(target, where)
     snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from mvsink.catalog import locate
 from mvsink.delta import Snapshot, load_snapshot
 from mvsink.errors import ConfigError, StorageError, Where, first_line
 from mvsink.index import HIDDEN, StoredIndex
@@ -69,6 +70,7 @@ def vacuum(
     """Vacuum the Delta table at ``target`` (see the module doc); only a dry run unless ``apply``."""
     options = dict(storage_options or {})
     where = Where(None, target)
+    target = locate(target, where)
     snap = load_snapshot(target, "mvsink:", options, where)
     if not snap.exists:
         raise ConfigError("there is no Delta table to vacuum", where)

@@ -21,6 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from mvsink.catalog import locate
 from mvsink.delta import Snapshot, load_snapshot
 from mvsink.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.errors import ConfigError, InputError, Where, first_line
@@ -98,6 +99,7 @@ def verify(
     """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets."""
     options = dict(storage_options or {})
     where = Where(name, target)
+    target = locate(target, where, desired.sparkSession)
     check_supported(desired.schema, where)
     stored = stored_struct(desired.schema, None)
     snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)

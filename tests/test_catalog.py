@@ -55,17 +55,33 @@ def test_a_name_needs_delta_in_the_session_to_resolve(spark, tmp_path, monkeypat
         spark.catalog.dropTempView("people_now")
 
 
-def test_the_operations_take_paths_and_say_so_for_a_name(spark, tmp_path, monkeypatch, capsys):
-    from mvsink import frontier, status
+def test_the_operations_resolve_names_through_the_session_and_make_no_folder(
+    spark, tmp_path, monkeypatch, capsys
+):
+    from mvsink import frontier, promote, status, vacuum
     from mvsink.cli import main
+    from mvsink.compact import compact
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="is a table name"):
-        status("default.revenue")
-    with pytest.raises(ConfigError, match="is a table name"):
-        frontier("default.revenue", "revenue")
-    assert main(["status", "default.revenue"]) == 2
-    assert "is a table name" in capsys.readouterr().err
+    for call in (
+        lambda: status("default.revenue"),
+        lambda: frontier("default.revenue", "revenue"),
+        lambda: vacuum("default.revenue"),
+        lambda: compact("default.revenue", "revenue"),
+        lambda: promote("default.revenue", "revenue", "blue"),
+    ):
+        with pytest.raises(ConfigError, match="catalog does not know"):
+            call()
+    assert main(["status", "default.revenue", "--conf", "spark.sql.shuffle.partitions=2"]) == 2
+    assert "catalog does not know" in capsys.readouterr().err
+    assert main(["status", "default.revenue", "--conf", "novalue"]) == 2
+    assert "--conf takes KEY=VALUE" in capsys.readouterr().err
+    people(spark, range(3)).createOrReplaceTempView("people_now")
+    try:  # known to the catalog, but this session has no Delta to say where it is
+        assert main(["frontier", "people_now", "v"]) == 2
+        assert "needs Delta in the Spark session" in capsys.readouterr().err
+    finally:
+        spark.catalog.dropTempView("people_now")
     assert os.listdir(tmp_path) == []
 
 
