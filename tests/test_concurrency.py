@@ -133,7 +133,12 @@ def expected_after(mode: str, epoch: int) -> Counter:
     return Counter((i, f"e{min(i, epoch)}-{i % 3}") for i in range(epoch + 12))
 
 
-@pytest.mark.parametrize("mode", ["complete", "upsert"])
+@pytest.mark.parametrize(
+    ("target", "mode"),
+    [("s3", "complete"), ("local", "upsert")],
+    indirect=["target"],
+    ids=["s3-complete", "local-upsert"],
+)
 def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
     epochs = 8
     go = str(tmp_path / "go")
