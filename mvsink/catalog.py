@@ -23,17 +23,17 @@ _NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
 
 
 def is_path(target: str) -> bool:
-    """Whether ``target`` names a location (else it is a table name; a backquoted name may
-    hold any character)."""
-    if target.startswith("`"):
+    """Whether ``target`` names a location (else it is a table name). A string with a URI
+    scheme or starting with ``/``, ``./`` or ``../`` is a path; otherwise one holding a
+    backquote is a name (``delta.`/lake/t```, ``sales.`q1/q2```: a backquoted part may hold any
+    character), and one holding a path separator is a path."""
+    if target.startswith(("/", "./", "../")) or target in (".", ".."):
+        return True
+    if "`" not in target and urlparse(target).scheme:
+        return True
+    if "`" in target:
         return False
-    return (
-        bool(urlparse(target).scheme)
-        or target.startswith(("/", "./", "../"))
-        or "/" in target
-        or os.sep in target
-        or target in (".", "..")
-    )
+    return "/" in target or os.sep in target
 
 
 def check_name(target: str) -> None:
@@ -102,8 +102,24 @@ def resolve(spark: Any, name: str, where: Where) -> str:
             "mvsink keeps Delta tables only",
             where,
         )
-    # A Hadoop path string (decoded): "file:/lake/t" on local disk, else the store's URI.
-    location = str(detail["location"])
-    if location.startswith("file://"):
-        return location.removeprefix("file://")
-    return location.removeprefix("file:") if location.startswith("file:") else location
+    return _hadoop_location(name, str(detail["location"]), where)
+
+
+def _hadoop_location(name: str, location: str, where: Where) -> str:
+    """The path or URI mvsink opens for a location as Hadoop prints it (already decoded:
+    ``file:/lake/t`` on local disk, else the store's URI). A ``%`` is refused: delta-rs would
+    read it as an escape and open another folder."""
+    if "%" in location:
+        raise ConfigError(
+            f"target {name!r} is at {location!r}, whose percent sign delta-rs would read as a "
+            "percent-escape (another folder): give the table a location without one",
+            where,
+        )
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise ConfigError(f"target {name!r} is at {location!r}, not a local absolute path", where)
+        return parsed.path
+    if not parsed.scheme and not location.startswith("/"):
+        raise ConfigError(f"target {name!r} is at {location!r}, which is not an absolute location", where)
+    return location

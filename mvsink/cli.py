@@ -115,15 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mvsink.sink import promote
 
             options = _pairs(args.storage_option, "--storage-option")
-            _session_for(args.target, args)
-            version = promote(args.target, args.name, args.writer, options)
+            version = promote(_located(args.target, args), args.name, args.writer, options)
             print(f"{args.writer} is the active writer of {args.name} as of version {version}")
             return 0
         if args.command == "frontier":
             from mvsink.sink import frontier
 
-            _session_for(args.target, args)
-            value = frontier(args.target, args.name)
+            value = frontier(_located(args.target, args), args.name)
             print("" if value is None else value)
             return 0
         return _run(args.config, args.epochs, args.verbose)
@@ -181,16 +179,21 @@ def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
     return conf
 
 
-def _session_for(target: str, args: argparse.Namespace) -> None:
-    """Start the command's Spark session when ``target`` is a table name: the operations then
-    resolve it through that session's catalog (``catalog.locate``)."""
-    from mvsink.catalog import is_path
+def _located(target: str, args: argparse.Namespace) -> str:
+    """``target``, or for a table name its location, looked up through a Spark session this
+    command starts (configured by the job file's [spark] and --conf); the lookup is echoed."""
+    from mvsink.catalog import is_path, locate
+    from mvsink.errors import Where
 
-    if target and not is_path(target):
-        from mvsink.session import local_session
+    if not target or is_path(target):
+        return target
+    from mvsink.session import local_session
 
-        _progress(f"starting Spark to look up {target} ...")
-        local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+    _progress(f"starting Spark to look up {target} ...")
+    spark = local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+    location = locate(target, Where(getattr(args, "name", None), target), spark)
+    print(f"mvsink: table {target} is at {location}", file=sys.stderr)
+    return location
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
@@ -210,9 +213,7 @@ def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], 
 
         target, name = args.target, args.name
         small = int(SinkOptions.model_fields["max_rows_per_file"].default) // 4
-    if args.command != "verify":  # verify starts its session anyway
-        _session_for(target, args)
-    return target, name, options, small
+    return _located(target, args), name, options, small
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -86,6 +86,8 @@ def compact(
         snap = load_snapshot(target, f"mvsink:{name}", options, where)
         if not snap.exists or snap.schema_json is None:
             raise ConfigError("there is no Delta table to compact", where)
+        if snap.frontier is None:
+            raise ConfigError(f"the table at {target} holds no view {name!r} (nothing it committed)", where)
         groups = _small_groups(snap, small, max_rows)
         if not groups:
             return Compaction(target, name, None, 0, 0, 0, attempt)
@@ -113,6 +115,8 @@ def compact(
                 upper=None,
                 attempt_id=uuid.uuid4().hex,
                 metadata={
+                    "userMetadata": f"mvsink compact view {name}: files -{len(removes)} "
+                    f"+{len(written)}, no row changed",
                     "mvsink.view": name,
                     "mvsink.operation": "compact",
                     "mvsink.files_removed": str(len(removes)),

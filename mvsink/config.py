@@ -113,6 +113,10 @@ class SinkOptions(_Frozen):
     """With ``on_error = "table"``: the errors table. Default: the target's path + ``_errors``."""
     read_only: bool = False
     """Compute and report corrections but never commit (a standby replica)."""
+    engine: Literal["auto", "delta-rs", "delta-spark"] = "auto"
+    """What commits to the target (``jvm_delta.py``): ``delta-rs``, or ``delta-spark``, the
+    session's own JVM Delta (classic sessions with delta-spark). ``auto``: delta-rs, unless the
+    table has a feature the installed delta-rs cannot write and the session has Delta."""
     max_rows_per_file: int = Field(50_000, ge=1)
     """Upper bound on rows per staged file, so that a retraction rewrites a bounded file: a
     changed row costs rewriting the rest of its file. Small files keep corrections small (1%
@@ -215,6 +219,11 @@ class SinkOptions(_Frozen):
             raise ValueError(
                 "option 'on_error': 'table' takes complete or append mode (an upsert batch holds "
                 "only the changed keys, so the errors table could not be kept equal to them)"
+            )
+        if self.on_error == "table" and self.errors_target is None and not is_path(self.target):
+            raise ValueError(
+                "option 'errors_target': a target given as a table name needs the errors table's "
+                "path or URI (the default, beside the table's folder, would be no catalog table)"
             )
         if self.errors_target is not None and self.on_error != "table":
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")

@@ -161,6 +161,13 @@ class Snapshot:
     """The files' statistics, row-aligned with ``files``: columns ``min.<col>`` and
     ``max.<col>`` (typed; null where unknown), as the writers of the files recorded them."""
     _table: Any = field(default=None, repr=False, compare=False)
+    _jvm: Any = field(default=None, repr=False, compare=False)
+    """The session's JVM Delta when it commits to this table (``jvm_delta``), else None."""
+
+    @property
+    def engine(self) -> str:
+        """What commits to this table: ``delta-rs`` or ``delta-spark``."""
+        return "delta-rs" if self._jvm is None else "delta-spark"
 
     def bounds(self, column: str) -> tuple[pa.Array, pa.Array] | None:
         """The recorded (min, max) of top-level ``column`` per file, or None if no file has any.
@@ -186,10 +193,20 @@ class Snapshot:
 
 
 def load_snapshot(
-    target: str, app_id: str, storage_options: Mapping[str, str], where: Where, *, writing: bool = True
+    target: str,
+    app_id: str,
+    storage_options: Mapping[str, str],
+    where: Where,
+    *,
+    writing: bool = True,
+    engine: str = "auto",
+    spark: Any = None,
 ) -> Snapshot:
-    """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep
-    (with ``writing``, also a table the installed delta-rs cannot commit to)."""
+    """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep.
+
+    With ``writing``, also choose what commits to it (``engine``: ``auto``, ``delta-rs`` or
+    ``delta-spark``, the JVM Delta of ``spark`` or of the active session) and refuse a table
+    that none of them can write."""
     from mvsink.catalog import is_path
 
     if not is_path(target):
@@ -213,8 +230,7 @@ def load_snapshot(
     features = _check_features(dt, where)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
-    if writing:
-        _check_writable(dt, where)
+    jvm = _engine(dt, engine, spark, where) if writing else None
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -240,6 +256,7 @@ def load_snapshot(
         storage_options=dict(storage_options),
         stats=stats,
         _table=dt,
+        _jvm=jvm,
     )
 
 
@@ -289,11 +306,11 @@ def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
 
 _writable: dict[str, str | None] = {}
 """Per protocol and configuration: None if the installed delta-rs commits to such a table, else
-its refusal (``_check_writable``)."""
+its refusal (``_delta_rs_refusal``)."""
 
 
-def _check_writable(dt: DeltaTable, where: Where) -> None:
-    """Refuse, before anything is staged, a table the installed delta-rs cannot commit to.
+def _delta_rs_refusal(dt: DeltaTable, where: Where) -> str | None:
+    """None if the installed delta-rs commits to a table like ``dt``, else its refusal.
 
     delta-rs decides which table features it writes when it is compiled and tells only when a
     commit is refused, after the files were staged. So the question is asked of it directly:
@@ -316,17 +333,43 @@ def _check_writable(dt: DeltaTable, where: Where) -> None:
         if refusal is not None and "unsupported" not in refusal.lower():
             # Not delta-rs refusing the table (a full /tmp, say): unknown, asked again next time.
             log.warning("%s: could not ask delta-rs whether it writes this table: %s", where, refusal)
-            return
+            return None
         _writable[key] = refusal
-    refusal = _writable[key]
-    if refusal is not None:
+    return _writable[key]
+
+
+def _engine(dt: DeltaTable, engine: str, spark: Any, where: Where) -> Any:
+    """The JVM Delta that commits to ``dt`` (``jvm_delta.JvmDelta``), or None for delta-rs.
+
+    ``auto`` takes delta-rs when it writes the table, else the session's JVM Delta; a table
+    neither can write is refused here, before anything is staged."""
+    from mvsink.jvm_delta import JvmDelta, Unavailable
+
+    refusal = None if engine == "delta-spark" else _delta_rs_refusal(dt, where)
+    if engine == "delta-rs" or (engine == "auto" and refusal is None):
+        if refusal is None:
+            return None
         import deltalake
 
         raise UnsupportedTableError(
             f"the installed deltalake {deltalake.__version__} cannot commit to the target ({refusal}); "
-            "nothing was staged. Point the view at a table without these features, or upgrade deltalake.",
+            "nothing was staged. Use engine='delta-spark' (the session's JVM Delta) or 'auto', point "
+            "the view at a table without these features, or upgrade deltalake.",
             where,
         )
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    why = f"the installed deltalake cannot commit to the target ({refusal}), and " if refusal else ""
+    if spark is None:
+        raise UnsupportedTableError(
+            f"{why}the delta-spark engine needs a Spark session with Delta; nothing was staged", where
+        )
+    try:
+        return JvmDelta(spark)
+    except Unavailable as exc:
+        raise UnsupportedTableError(f"{why}{exc}; nothing was staged", where) from None
 
 
 def _probe_commit(
@@ -469,6 +512,8 @@ def compare_and_append(
                 commit_properties=props,
                 post_commithook_properties=_NO_HOOKS,
             )
+        elif snap._jvm is not None:
+            _commit_jvm(snap, adds, removes, props, data_change)
         else:
             dt: DeltaTable = snap._table
             dt.create_write_transaction(
@@ -488,6 +533,32 @@ def compare_and_append(
         _resolve(snap, version, attempt_id, exc, where)
     _maintain_log(snap, version, where)
     return version
+
+
+def _commit_jvm(
+    snap: Snapshot,
+    adds: Sequence[NewFile],
+    removes: Sequence[DataFile],
+    props: CommitProperties,
+    data_change: bool,
+) -> None:
+    """The commit call of ``compare_and_append`` through the session's JVM Delta."""
+    from urllib.parse import quote
+
+    from mvsink.jvm_delta import add_action, remove_action, txn_action
+
+    assert snap.version is not None
+    metadata = dict(props.custom_metadata or {})
+    user_metadata = metadata.pop("userMetadata", None)
+    actions = [
+        *(remove_action(f.path, f.size, f.partition_values, data_change) for f in removes),
+        *(
+            add_action(quote(f.path, safe="/"), f.size, f.partition_values, f.stats, data_change)
+            for f in adds
+        ),
+        *(txn_action(t.app_id, t.version) for t in props.app_transactions or ()),
+    ]
+    snap._jvm.commit(snap.root, snap.version, actions, metadata, user_metadata)
 
 
 def _resolve(
@@ -536,10 +607,23 @@ def commit_attempt(root: str, storage_options: Mapping[str, str], version: int) 
     latest = dt.version()
     if latest < version:
         return None
-    for entry in dt.history(latest - version + 1):
+    for entry in history(dt, latest - version + 1):
         if entry.get("version") == version:
             return str(entry.get(ATTEMPT_KEY, ""))
     raise MVSinkError(f"the history of the table no longer lists version {version}")
+
+
+def history(dt: DeltaTable, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` commits of ``dt``, newest first, with mvsink's commit metadata at
+    the top level whichever engine wrote it (delta-rs writes it there, the JVM Delta into the
+    commit's ``tags``)."""
+    commits = []
+    for entry in dt.history(limit):
+        tags = entry.get("tags")
+        if isinstance(tags, dict):
+            entry = {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **entry}
+        commits.append(entry)
+    return commits
 
 
 def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from mvsink.delta import metadata_int, table_root
+from mvsink.delta import history, metadata_int, table_root
 from mvsink.errors import StorageError, Where
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def record(
             start = max(-1 if last is None else last, upto - MAX_BACKFILL)
             view_table = DeltaTable(table_root(target), storage_options=options)
             # History counts back from the newest version, which may be past ``upto``.
-            commits = view_table.history(view_table.version() - start)
+            commits = history(view_table, view_table.version() - start)
             rows = [
                 _row(c, view, target)
                 for c in commits

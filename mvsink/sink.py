@@ -117,6 +117,7 @@ class MVSink:
     def __init__(self, target: str, name: str, **options: Any) -> None:
         self.options = SinkOptions.build(target=target, name=name, **options)
         self._read_only = self.options.read_only
+        self._named: str | None = None  # the table name the target was given as, once resolved
         self._runtime()
 
     def _runtime(self) -> None:
@@ -145,11 +146,12 @@ class MVSink:
         return found
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "read_only": self._read_only}
+        return {"options": self.options, "read_only": self._read_only, "named": self._named}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.options = state["options"]
         self._read_only = state["read_only"]
+        self._named = state.get("named")
         self._runtime()
 
     @classmethod
@@ -173,6 +175,7 @@ class MVSink:
             return
         name = self.options.target
         location = locate(name, Where(self.name, name), spark)
+        self._named = name
         self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
         log.info("%s: table %s is at %s", Where(self.name, name), name, location)
 
@@ -351,7 +354,21 @@ class _Epoch:
         opts, policy, ctx = self.opts, self.opts.retry, self.ctx
         for attempt in range(1, policy.max_attempts + 1):
             with ctx.phase("snapshot"):
-                snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, self.where)
+                snap = load_snapshot(
+                    opts.target,
+                    opts.app_id,
+                    opts.storage_options,
+                    self.where,
+                    engine=opts.engine,
+                    spark=self.ctx.batch.sparkSession,
+                )
+            if not snap.exists and self.sink._named:
+                raise ConfigError(
+                    f"the table {self.sink._named} was at {opts.target} when this sink looked it up, "
+                    "and that folder holds no Delta table any more (dropped?): restart the query to "
+                    "look the name up again",
+                    self.where,
+                )
             self._check_append_only(snap)
             layout = self._layout(snap)
             lineage = Lineage.read(snap, opts.app_id, self.lineage)
@@ -701,7 +718,11 @@ def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
         app_id=options.app_id,
         upper=None,
         attempt_id=uuid.uuid4().hex,
-        metadata={"mvsink.view": options.name, "mvsink.promoted": str(options.writer)},
+        metadata={
+            "userMetadata": f"mvsink promote view {options.name}: writer {options.writer} is active",
+            "mvsink.view": options.name,
+            "mvsink.promoted": str(options.writer),
+        },
         schema_json=snap.schema_json,
         partition_by=snap.partition_by,
         where=where,

@@ -21,6 +21,7 @@ from typing import Any
 from mvsink.cadence import at_key
 from mvsink.catalog import locate
 from mvsink.clock import stall_notes
+from mvsink.delta import history as delta_history
 from mvsink.delta import load_snapshot, metadata_int
 from mvsink.errors import Where
 from mvsink.storage import Store
@@ -137,7 +138,7 @@ def status(
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
     # The snapshot's own handle: the history ends at the version the figures describe.
-    commits = snap._table.history(history)
+    commits = delta_history(snap._table, history)
     names = sorted(
         {str(c["mvsink.view"]) for c in commits if "mvsink.view" in c} | ({name} if name else set())
     )

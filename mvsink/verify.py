@@ -213,7 +213,8 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         return empty
     result: DataFrame = spark.read.parquet(out)
     if job.sink.on_error == "table":  # error rows belong in the errors table, not the view
-        snap = load_snapshot(job.sink.target, job.sink.app_id, job.sink.storage_options, where, writing=False)
+        target = locate(job.sink.target, where, spark)
+        snap = load_snapshot(target, job.sink.app_id, job.sink.storage_options, where, writing=False)
         rules = rules_for(snap, job.sink, where)
         result = result.where(rules.broken().isNull())
     return result

@@ -19,15 +19,20 @@ from tests.test_sink import people
 def test_what_is_a_path_and_what_is_a_name():
     for path in ("/lake/v", "./v", "../v", "data/views/v", "s3://b/v", "file:///v", "abfss://c@a/v"):
         assert is_path(path), path
-    for name in ("revenue", "default.revenue", "spark_catalog.default.revenue", "`my table`.`x.y`", "`a/b`"):
+    names = ("revenue", "default.revenue", "spark_catalog.default.revenue", "`my table`.`x.y`", "`a/b`")
+    for name in (*names, "delta.`/lake/t`", "sales.`q1/q2`", "delta.`s3://b/t`"):
         assert not is_path(name), name
+    with pytest.raises(ConfigError, match=r"neither a path .* nor a table name"):
+        MVSink("sales.`q1/q2", "v")  # a backquote makes it a name, and this one is not well formed
     with pytest.raises(ConfigError, match=r"neither a path .* nor a table name"):
         MVSink("my revenue", "v")
     with pytest.raises(ConfigError, match="must be a path or URI"):
         MVSink("./v", "v", metrics_table="ops.metrics")
+    with pytest.raises(ConfigError, match=r"errors_target.*table name needs"):
+        MVSink("sales.revenue", "v", on_error="table")
 
 
-@pytest.mark.parametrize("name", ["revenue", "default.revenue", "`default`.`revenue`"])
+@pytest.mark.parametrize("name", ["revenue", "default.revenue", "`default`.`revenue`", "default.`q1/q2`"])
 def test_a_name_the_catalog_does_not_know_is_an_error_never_a_folder(spark, tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     sink = MVSink(name, "revenue")
@@ -90,3 +95,15 @@ def test_under_connect_a_name_resolves_through_the_batchs_session(connect, tmp_p
     with pytest.raises(ConfigError, match="catalog does not know"):
         MVSink("nowhere.revenue", "v")(connect.range(3).selectExpr("id", "'a' AS name", "0.5 AS x"), 0)
     assert os.listdir(tmp_path) == []
+
+
+def test_compact_refuses_a_table_that_holds_no_commit_of_the_view(spark, tmp_path):
+    from mvsink.compact import compact
+    from mvsink.delta import foreign_append
+
+    target = str(tmp_path / "view")
+    MVSink(target, "revenue", max_rows_per_file=2)(people(spark, range(6)), 0)
+    foreign_append(target, [{"id": 100, "name": "x", "x": 0.5}])
+    with pytest.raises(ConfigError, match="holds no view 'orders'"):
+        compact(target, "orders")
+    assert compact(target, "revenue").files_removed > 0

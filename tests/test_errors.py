@@ -86,7 +86,27 @@ def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark,
     ) as info:
         unchanged_after(target, lambda: MVSink(target, "feat")(people(spark, range(5)), 1))
     assert info.value.epoch == 1 and "nothing was staged" in str(info.value)
+    # engine='auto' would commit through the session's JVM Delta, which this session lacks.
+    assert "the delta-spark engine needs Delta in the Spark session" in str(info.value)
     assert store(target).files("") == files  # the folder as it was: no staged file
+
+
+def test_under_connect_a_table_that_needs_the_jvm_engine_is_refused_naming_it(spark, connect, local_target):
+    """The delta-spark engine reaches the JVM through py4j, which Spark Connect has not: a table
+    only it can write is refused before staging, and every other table stays on delta-rs."""
+    from deltalake._internal import TableFeatures
+
+    MVSink(local_target, "feat")(people(connect, range(3)), 0)
+    DeltaTable(local_target).alter.add_feature(
+        [TableFeatures.RowTracking], allow_protocol_versions_increase=True
+    )
+    wait_for_cleanup()
+    files = store(local_target).files("")
+    for engine in ("auto", "delta-spark"):
+        with pytest.raises(UnsupportedTableError, match="Spark Connect session does not have") as info:
+            MVSink(local_target, "feat", engine=engine)(people(connect, range(5)), 1)
+        assert "nothing was staged" in str(info.value)
+    assert store(local_target).files("") == files
 
 
 def test_an_append_only_table_takes_append_mode_only(spark, local_target):

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import ConfigError, MVSink, UnsupportedTableError
 from mvsink.storage import wait_for_cleanup
-from tests.helpers import multiset, store, target_table, versions
+from tests.helpers import added, data_files_on_disk, multiset, store, target_table, versions
 
 SCHEMA = "id long, name string, x double, day date, amount decimal(10,2), at timestamp"
 
@@ -36,23 +36,50 @@ def view(spark: SparkSession, ids: range, tag: str = "") -> DataFrame:
     return spark.sql(view_sql(ids, tag))
 
 
-def spark_rows(spark: SparkSession, target: str, version: int | None = None) -> Counter[Any]:
+def wide(spark: SparkSession, ids: range, tag: str = "") -> DataFrame:
+    """A view of every kind of column mvsink keeps, with nulls and NaN, partitioned by ``day``
+    (a date) and ``flag`` (a boolean)."""
+    return spark.sql(
+        f"SELECT id, id % 2 = 0 AS flag, CAST(id AS INT) AS small, CAST(id AS SMALLINT) AS tiny, "
+        "CAST(id / 3 AS FLOAT) AS f, "
+        "CASE WHEN id % 7 = 0 THEN double('NaN') WHEN id % 5 = 0 THEN NULL ELSE id / 2 END AS x, "
+        f"CAST(concat('b', id, '{tag}') AS BINARY) AS raw, "
+        f"named_struct('a', CAST(id AS INT), 'b', concat('s', id, '{tag}')) AS st, "
+        "array(concat('a', id), NULL) AS arr, map('k', CAST(id AS INT)) AS m, "
+        "CAST(timestamp_micros(1767225600000000 + id) AS TIMESTAMP_NTZ) AS ntz, "
+        f"CASE WHEN id % 4 = 0 THEN NULL ELSE concat('n', id, '{tag}') END AS name, "
+        "date_add(DATE'2026-01-01', CAST(id % 3 AS INT)) AS day, CAST(id * 1.25 AS DECIMAL(10,2)) AS amount, "
+        f"timestamp_micros(1767225600000000 + id) AS at FROM range({ids.start}, {ids.stop})"
+    )
+
+
+def spark_rows(
+    spark: SparkSession, target: str, version: int | None = None, cols: list[str] | None = None
+) -> Counter[Any]:
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    table = reader.load(target)
-    return multiset(table.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+    table = reader.load(target).toArrow()
+    return multiset(table, cols or ["id", "name", "x", "day", "amount", "at"])
 
 
-def test_spark_reads_every_version_of_a_partitioned_view(spark, tmp_path):
-    target = str(tmp_path / "view")
-    sink = MVSink(target, "v", partition_by=["day"], max_rows_per_file=7, heartbeat=0)
+def wide_view(spark: SparkSession, target: str) -> list[str]:
+    """Keep a wide, partitioned view through four epochs and Delta's own DELETE; its columns."""
+    sink = MVSink(target, "v", partition_by=["day", "flag"], max_rows_per_file=7, heartbeat=0)
     for epoch, ids in enumerate([range(0, 30), range(5, 40), range(5, 40), range(0, 12)]):
-        sink(view(spark, ids, tag=str(epoch % 2)), epoch)
+        if epoch == 2:
+            spark.sql(f"DELETE FROM delta.`{target}` WHERE id % 4 = 1")  # repaired by the next epoch
+        sink(wide(spark, ids, tag=str(epoch % 2)), epoch)
+    return wide(spark, range(0, 1)).columns
+
+
+def test_spark_reads_every_version_of_a_partitioned_view_of_every_type(spark, tmp_path):
+    target = str(tmp_path / "view")
+    cols = wide_view(spark, target)
     for version in versions(target):
-        want = multiset(target_table(target, version), ["id", "name", "x", "day", "amount", "at"])
-        assert spark_rows(spark, target, version) == want, f"version {version}"
-    assert sum(spark_rows(spark, target).values()) == 12
+        want = multiset(target_table(target, version), cols)
+        assert spark_rows(spark, target, version, cols) == want, f"version {version}"
+    assert spark_rows(spark, target, None, cols) == multiset(wide(spark, range(0, 12), "1").toArrow(), cols)
 
 
 def test_deltas_own_dml_between_epochs_is_repaired(spark, tmp_path):
@@ -75,7 +102,7 @@ def test_deltas_own_dml_between_epochs_is_repaired(spark, tmp_path):
     assert spark_rows(spark, target) == want
 
 
-@pytest.mark.parametrize(
+FEATURES = pytest.mark.parametrize(
     "ddl",
     [
         "TBLPROPERTIES ('delta.enableRowTracking' = 'true')",
@@ -83,18 +110,74 @@ def test_deltas_own_dml_between_epochs_is_repaired(spark, tmp_path):
     ],
     ids=["row-tracking", "liquid-clustering"],
 )
-def test_a_table_spark_made_with_features_deltalake_cannot_write_is_refused_before_staging(
-    spark, tmp_path, ddl
-):
+
+
+@FEATURES
+def test_the_delta_rs_engine_refuses_such_a_table_before_staging(spark, tmp_path, ddl):
     target = str(tmp_path / "made-by-spark")
     spark.sql(f"CREATE TABLE delta.`{target}` ({SCHEMA}) USING delta {ddl}")
     view(spark, range(0, 5)).write.format("delta").mode("append").save(target)
     wait_for_cleanup()
     files = store(target).files("")
     with pytest.raises(UnsupportedTableError, match="Unsupported table features required") as info:
-        MVSink(target, "v")(view(spark, range(0, 8)), 0)
-    assert "nothing was staged" in str(info.value)
+        MVSink(target, "v", engine="delta-rs")(view(spark, range(0, 8)), 0)
+    assert "nothing was staged" in str(info.value) and "engine='delta-spark'" in str(info.value)
     assert store(target).files("") == files  # the folder exactly as it was
+
+
+@FEATURES
+def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl):
+    """engine='auto' commits through the JVM Delta where delta-rs cannot: exact at every
+    version, Delta's own DML between epochs repaired, an OPTIMIZE landing inside the commit
+    window is a conflict and a re-plan, the history says what each commit did."""
+    from mvsink import status
+    from tests.helpers import once
+
+    cols = ["id", "name", "x", "day", "amount", "at"]
+    target = str(tmp_path / "made-by-spark")
+    spark.sql(f"CREATE TABLE delta.`{target}` ({SCHEMA}) USING delta {ddl}")
+    view(spark, range(0, 5), tag="spark").write.format("delta").mode("append").save(target)
+    sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0, writer="blue")
+    wanted = {}
+    for epoch, (ids, tag) in enumerate([(range(0, 20), ""), (range(3, 25), "b"), (range(3, 25), "b")]):
+        if epoch == 2:
+            spark.sql(f"DELETE FROM delta.`{target}` WHERE id IN (4, 9)")
+            spark.sql(f"UPDATE delta.`{target}` SET name = 'changed' WHERE id = 12")
+        report = sink(view(spark, ids, tag), epoch)
+        assert report.outcome == "committed"
+        wanted[report.version] = multiset(view(spark, ids, tag).toArrow(), cols)
+        assert spark_rows(spark, target) == wanted[report.version]
+    assert (report.retracted, report.inserted) == (1, 3)  # the repair of Delta's DML
+    sink._before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
+    report = sink(view(spark, range(6, 25), tag="b"), 3)
+    assert report.outcome == "committed" and report.attempts == 2
+    wanted[report.version] = multiset(view(spark, range(6, 25), tag="b").toArrow(), cols)
+    for version, want in wanted.items():
+        assert spark_rows(spark, target, version) == want, f"version {version}"
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
+    assert history[-1]["operation"] == "Manual Update"
+    assert report.retracted == 3 and report.inserted == 0
+    assert history[-1]["userMetadata"].startswith("mvsink view v epoch 3: +0 -3 rows")
+    shown = status(target, "v").views[0]
+    assert shown.frontier == 4 and shown.last_commit is not None
+    assert (shown.last_commit.epoch, shown.last_commit.writer) == (3, "blue")
+
+    # A commit call that fails after landing is found in the log (by the attempt id in the
+    # commit's tags) and taken as committed.
+    def lost_reply() -> None:
+        raise OSError("the commit was written but the reply was lost")
+
+    sink._after_commit_call = once(lost_reply)
+    report = sink(view(spark, range(6, 27), tag="b"), 4)
+    assert report.outcome == "committed" and report.attempts == 1
+    assert spark_rows(spark, target) == multiset(view(spark, range(6, 27), tag="b").toArrow(), cols)
+    # Staged files of the attempt that lost to OPTIMIZE are gone; every referenced file is there.
+    wait_for_cleanup()
+    referenced = {p for v in versions(target) for p in added(target, v)}
+    assert data_files_on_disk(target) == referenced
+    if "RowTracking" in ddl:
+        ids = spark.read.format("delta").load(target).select("_metadata.row_id").toArrow().column(0)
+        assert ids.null_count == 0 and len(set(ids.to_pylist())) == len(ids)
 
 
 def test_describe_history_says_what_each_commit_did(spark, tmp_path):
@@ -109,6 +192,17 @@ def test_describe_history_says_what_each_commit_did(spark, tmp_path):
         f"+{report.files_added} -{report.files_removed}, frontier 2, lineage direct, writer blue"
     )
     assert said[0].startswith("mvsink view revenue epoch 0: +10 -0 rows")
+    from mvsink import promote
+    from mvsink.compact import compact
+
+    done = compact(target, "revenue", max_rows_per_file=100)
+    assert done.files_removed >= 2
+    promote(target, "revenue", "green")
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
+    assert [row["userMetadata"] for row in history[-2:]] == [
+        f"mvsink compact view revenue: files -{done.files_removed} +{done.files_added}, no row changed",
+        "mvsink promote view revenue: writer green is active",
+    ]
 
 
 def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
@@ -139,6 +233,12 @@ def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=r"a%41b.*percent-escape"):
             MVSink("default.odd", "odd")(desired, 0)
         assert not (tmp_path / "aAb").exists()
+        # Dropped after the sink looked it up (a managed table: its folder goes too): the next
+        # epoch says so rather than make a table outside the catalog.
+        spark.sql("DROP TABLE default.revenue")
+        with pytest.raises(ConfigError, match="holds no Delta table any more"):
+            sink(again, 2)
+        assert not os.path.exists(sink.target)
         spark.range(3).write.format("parquet").saveAsTable("default.plain")
         with pytest.raises(ConfigError, match="not a Delta table"):
             MVSink("default.plain", "v")(desired, 0)
@@ -148,10 +248,9 @@ def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
         spark.sql("DROP TABLE IF EXISTS default.odd")
 
 
-def test_deltas_optimize_inside_an_epochs_commit_window_and_vacuum_leave_every_version_exact(spark, tmp_path):
+def test_deltas_optimize_inside_an_epochs_commit_window_leaves_every_version_exact(spark, tmp_path):
     """Delta's OPTIMIZE landing between an epoch's snapshot and its commit makes the commit
-    conflict and re-plan (never turn a retraction into a no-op); VACUUM with the default
-    retention deletes nothing any version references."""
+    conflict and re-plan (never turn a retraction into a no-op)."""
     from tests.helpers import once
 
     target = str(tmp_path / "view")
@@ -161,7 +260,6 @@ def test_deltas_optimize_inside_an_epochs_commit_window_and_vacuum_leave_every_v
     report = sink(view(spark, range(2, 30), tag="b"), 1)
     assert report.outcome == "committed" and report.attempts == 2
     sink(view(spark, range(4, 33), tag="c"), 2)
-    spark.sql(f"VACUUM delta.`{target}`").collect()
     for version in versions(target):
         want = multiset(target_table(target, version), ["id", "name", "x", "day", "amount", "at"])
         assert spark_rows(spark, target, version) == want, f"version {version}"
@@ -170,7 +268,38 @@ def test_deltas_optimize_inside_an_epochs_commit_window_and_vacuum_leave_every_v
     )
 
 
-def duckdb_rows(target: str, version: int) -> Counter[Any]:
+def test_deltas_vacuum_with_no_retention_inside_the_commit_window(spark, tmp_path):
+    """VACUUM RETAIN 0 HOURS deletes every file the latest version does not reference: inside
+    an epoch's commit window, the staged files and the files earlier epochs removed. The epoch
+    commits nothing (an InvariantViolation), the view stays exact, and its retry commits."""
+    from mvsink import InvariantViolation
+    from tests.helpers import live_files, once
+
+    cols = ["id", "name", "x", "day", "amount", "at"]
+    target = str(tmp_path / "view")
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    spark.conf.set(check, "false")
+    try:
+        sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0)
+        sink(view(spark, range(0, 30)), 0)
+        sink(view(spark, range(2, 30), tag="b"), 1)  # removes files: garbage for the vacuum
+        data = lambda: {p for p in store(target).files("") if not p.startswith("_")}  # noqa: E731
+        before = data()
+        frontier = sink.frontier()
+        sink._before_commit = once(lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect())
+        with pytest.raises(InvariantViolation, match="staged file"):
+            sink(view(spark, range(5, 31), tag="d"), 2)
+        assert sink.frontier() == frontier  # nothing committed (the versions after are VACUUM's own)
+        assert spark_rows(spark, target) == multiset(view(spark, range(2, 30), tag="b").toArrow(), cols)
+        assert data() < before  # it did delete the files version 1 removed
+        assert sink(view(spark, range(5, 31), tag="d"), 2).outcome == "committed"
+        assert spark_rows(spark, target) == multiset(view(spark, range(5, 31), tag="d").toArrow(), cols)
+        assert all(os.path.exists(os.path.join(target, p)) for p in live_files(target))
+    finally:
+        spark.conf.unset(check)
+
+
+def duckdb_rows(target: str, version: int, cols: list[str]) -> Counter[Any]:
     """The target at ``version`` as DuckDB's Delta reader (delta-kernel-rs) reads it."""
     import glob
 
@@ -185,20 +314,16 @@ def duckdb_rows(target: str, version: int) -> Counter[Any]:
         table = con.execute(f"SELECT * FROM delta_scan('{target}', version => {version})").fetch_arrow_table()
     finally:
         con.close()
-    return multiset(table, ["id", "name", "x", "day", "amount", "at"])
+    return multiset(table, cols)
 
 
 def test_duckdbs_delta_reader_agrees_with_sparks_at_every_version(spark, tmp_path):
     target = str(tmp_path / "view")
-    sink = MVSink(target, "v", partition_by=["day"], max_rows_per_file=7, heartbeat=0)
-    sink(view(spark, range(0, 30)), 0)
-    sink(view(spark, range(5, 40), tag="b"), 1)
-    spark.sql(f"DELETE FROM delta.`{target}` WHERE id % 4 = 0")  # Delta's DML, then a repair
-    sink(view(spark, range(5, 40), tag="b"), 2)
-    sink(view(spark, range(0, 12)), 3)
+    cols = wide_view(spark, target)
     for version in versions(target):
-        assert duckdb_rows(target, version) == spark_rows(spark, target, version), f"version {version}"
-    assert sum(duckdb_rows(target, versions(target)[-1]).values()) == 12
+        got = duckdb_rows(target, version, cols)
+        assert got == spark_rows(spark, target, version, cols), f"version {version}"
+    assert sum(duckdb_rows(target, versions(target)[-1], cols).values()) == 12
 
 
 def test_the_operations_take_a_catalog_tables_name(spark, tmp_path, monkeypatch, capsys):
@@ -258,51 +383,122 @@ def drain(stream: DataFrame, checkpoint: str) -> pa.Table:
 
 
 def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change_feed(spark, tmp_path):
-    """What docs/readers.md says: Delta's own streaming source stops at the first correction;
-    with skipChangeCommits it runs on but drops every correction (retractions and the rows
-    inserted beside them); mvsink-delta's change feed sums to the view at every version."""
+    """What docs/readers.md says. Delta's own streaming source follows insert-only epochs and
+    compactions, and stops at the first correction; a new query reads the current version
+    whole; skipChangeCommits runs on but drops every correction (its retractions and the rows
+    inserted beside them); ignoreChanges re-emits rewritten files whole; mvsink-delta's change
+    feed sums to the view at every version."""
+    from mvsink.compact import compact
     from mvsink.sources import register
 
     target = str(tmp_path / "view")
     cols = ["id", "name", "x", "day", "amount", "at"]
+    rows = lambda df: multiset(df.toArrow(), cols)  # noqa: E731
     sink = MVSink(target, "v", max_rows_per_file=5, heartbeat=0)
     sink(view(spark, range(0, 10)), 0)
     sink(view(spark, range(0, 15)), 1)  # inserts only: a pure append
+    assert compact(target, "v", max_rows_per_file=50).version == 2  # dataChange = false
+    plain = spark.readStream.format("delta").option("startingVersion", "0").load(target)
+    assert multiset(drain(plain, str(tmp_path / "plain")), cols) == rows(view(spark, range(0, 15)))
     corrected = view(spark, range(3, 15)).unionByName(view(spark, range(100, 102), tag="new"))
-    sink(corrected, 2)  # retracts 0..2, inserts 100 and 101: a correction
-    final = (
-        view(spark, range(3, 15))
-        .unionByName(view(spark, range(100, 102), tag="new"))
-        .unionByName(view(spark, range(15, 18)))
-    )
-    sink(final, 3)  # a pure append again
-    assert versions(target) == [0, 1, 2, 3]
+    sink(corrected, 3)  # retracts 0..2, inserts 100 and 101: a correction
+    final = corrected.unionByName(view(spark, range(15, 18)))
+    sink(final, 4)  # a pure append again
+    assert versions(target) == [0, 1, 2, 3, 4]
 
     with pytest.raises(Exception, match="DELTA_SOURCE_TABLE_IGNORE_CHANGES"):
-        plain = spark.readStream.format("delta").option("startingVersion", "0").load(target)
-        drain(plain, str(tmp_path / "plain"))
+        drain(plain, str(tmp_path / "plain"))  # the same query, going on from version 3
 
-    skipped = drain(
-        spark.readStream.format("delta")
-        .option("startingVersion", "0")
-        .option("skipChangeCommits", "true")
-        .load(target),
-        str(tmp_path / "skip"),
-    )
-    got = multiset(skipped, cols)
-    assert got == multiset(view(spark, range(0, 18)).toArrow(), cols)  # versions 0, 1 and 3 only
-    assert got != multiset(final.toArrow(), cols)  # 0..2 never retracted, 100 and 101 never seen
+    fresh = drain(spark.readStream.format("delta").load(target), str(tmp_path / "fresh"))
+    assert multiset(fresh, cols) == rows(final)  # the current version, whole
+
+    def from_zero(option: str) -> Counter[Any]:
+        stream = spark.readStream.format("delta").option("startingVersion", "0").option(option, "true")
+        return multiset(drain(stream.load(target), str(tmp_path / option)), cols)
+
+    got = from_zero("skipChangeCommits")
+    assert got == rows(view(spark, range(0, 18)))  # versions 0, 1 and 4 only
+    assert got != rows(final)  # 0..2 never retracted, 100 and 101 never seen
+
+    again = from_zero("ignoreChanges")
+    assert max(again.values()) > 1 and sum(again.values()) > sum(rows(final).values()) + 3  # duplicates
 
     register(spark)
     feed = drain(
         spark.readStream.format("mvsink-delta").option("path", target).option("mode", "changes").load(),
         str(tmp_path / "changes"),
     )
-    assert set(feed.column("_commit_version").to_pylist()) == {0, 1, 2, 3}
+    assert set(feed.column("_commit_version").to_pylist()) == {0, 1, 3, 4}  # the compaction: nothing
     total: Counter[Any] = Counter()
-    for version in range(4):
-        rows = feed.filter(pc.equal(feed.column("_commit_version"), version))
-        for key, n in multiset(rows, [*cols, "diff"]).items():
+    for version in range(5):
+        part = feed.filter(pc.equal(feed.column("_commit_version"), version))
+        for key, n in multiset(part, [*cols, "diff"]).items():
             total[key[:-1]] += key[-1] * n
         assert +total == multiset(target_table(target, version), cols), f"version {version}"
         assert all(n >= 0 for n in total.values())
+
+
+def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path):
+    """A CLI process starts its own Spark session (job file's [spark], then --conf) and finds a
+    table another process created in a shared (Derby) metastore."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.interop.conftest import _delta_conf
+
+    conf = {
+        **_delta_conf(tmp_path / "warehouse"),
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={tmp_path}/metastore;create=true"
+        ),
+    }
+    maker = (
+        "import sys, json\n"
+        "from mvsink.session import local_session\n"
+        "from mvsink import MVSink\n"
+        "spark = local_session('maker', conf=json.loads(sys.argv[1]))\n"
+        f"spark.sql('CREATE TABLE default.shared ({SCHEMA}) USING delta')\n"
+        f"MVSink('default.shared', 'shared')(spark.sql({view_sql(range(0, 7))!r}), 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    made = run("-c", maker, json.dumps(conf))
+    assert made.returncode == 0, made.stderr[-3000:]
+    job = tmp_path / "job.toml"
+    spark_table = "\n".join(
+        f"{json.dumps(k)} = {json.dumps(v)}" for k, v in conf.items() if k != "spark.jars"
+    )
+    job.write_text(
+        '[job]\nquery = "mvsink.demo:revenue_query"\n\n[sink]\ntarget = "default.shared"\nname = "shared"\n'
+        f"\n[spark]\n{spark_table}\n"
+    )
+    shown = run(
+        "-m",
+        "mvsink.cli",
+        "status",
+        "--job",
+        str(job),
+        "--json",
+        "--conf",
+        f"spark.jars={conf['spark.jars']}",
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    status = json.loads(shown.stdout)
+    location = str(tmp_path / "warehouse" / "shared")
+    assert status["target"] == location and status["views"][0]["frontier"] == 1
+    assert f"table default.shared is at {location}" in shown.stderr
+    # Without the metastore's settings the CLI's own session does not know the name.
+    lost = run(
+        "-m",
+        "mvsink.cli",
+        "frontier",
+        "default.shared",
+        "shared",
+        "--conf",
+        f"spark.jars={conf['spark.jars']}",
+    )
+    assert lost.returncode == 2 and "does not know" in lost.stderr
