@@ -30,6 +30,15 @@ from mvsink.errors import ConfigError, MVSinkError, first_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        from mvsink.storage import wait_for_cleanup
+
+        wait_for_cleanup()  # deletes queued in the background finish before the process ends
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
@@ -81,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target, name, options, small = _target(args)
             if not name:
                 raise ConfigError("give the view: --name NAME (or --job)")
+            _session_if_needed(target, options, args)
             rows = args.max_rows_per_file or small * 4
             _progress(f"compacting {target} ...")
             cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
@@ -96,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mvsink.vacuum import vacuum
 
             target, _, options, _ = _target(args)
+            _session_if_needed(target, options, args)
             _progress(f"vacuuming {target} ({'apply' if args.apply else 'dry run'}) ...")
             done = vacuum(target, options, retention_hours=args.retention_hours, apply=args.apply)
             print(json.dumps({"format": 1, **asdict(done)}, indent=2) if args.json else done)
@@ -115,7 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mvsink.sink import promote
 
             options = _pairs(args.storage_option, "--storage-option")
-            version = promote(_located(args.target, args), args.name, args.writer, options)
+            target = _located(args.target, args)
+            _session_if_needed(target, options, args)
+            version = promote(target, args.name, args.writer, options)
             print(f"{args.writer} is the active writer of {args.name} as of version {version}")
             return 0
         if args.command == "frontier":
@@ -194,6 +207,19 @@ def _located(target: str, args: argparse.Namespace) -> str:
     location = locate(target, Where(getattr(args, "name", None), target), spark)
     print(f"mvsink: table {target} is at {location}", file=sys.stderr)
     return location
+
+
+def _session_if_needed(target: str, options: dict[str, str], args: argparse.Namespace) -> None:
+    """Start the command's Spark session (job file's [spark], then --conf) when only the JVM
+    Delta can commit to ``target`` (the ``delta-spark`` engine needs a session with Delta)."""
+    from mvsink.delta import delta_rs_refusal
+
+    refusal = delta_rs_refusal(target, options)
+    if refusal is not None:
+        from mvsink.session import local_session
+
+        _progress(f"starting Spark with Delta: the installed deltalake cannot commit to {target} ({refusal})")
+        local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:

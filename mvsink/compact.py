@@ -75,6 +75,7 @@ def compact(
     small_rows: int | None = None,
     max_rows: int = MAX_ROWS,
     retry: RetryPolicy | None = None,
+    engine: str = "auto",
 ) -> Compaction:
     """Merge the small files of view ``name``'s table at ``target`` (see the module doc)."""
     options = dict(storage_options or {})
@@ -83,9 +84,15 @@ def compact(
     policy = retry or RetryPolicy()
     small = max(2, max_rows_per_file // 4) if small_rows is None else small_rows
     for attempt in range(1, policy.max_attempts + 1):
-        snap = load_snapshot(target, f"mvsink:{name}", options, where)
+        snap = load_snapshot(target, f"mvsink:{name}", options, where, engine=engine)
         if not snap.exists or snap.schema_json is None:
             raise ConfigError("there is no Delta table to compact", where)
+        if "rowTracking" in snap.features:
+            raise ConfigError(
+                "the table tracks row ids, and a compaction here rewrites rows as new files with new "
+                "ids (dataChange = false promises none changed): compact it with Delta's OPTIMIZE",
+                where,
+            )
         if snap.frontier is None:
             raise ConfigError(f"the table at {target} holds no view {name!r} (nothing it committed)", where)
         groups = _small_groups(snap, small, max_rows)

@@ -36,6 +36,7 @@ from mvsink.errors import (
     CommitOutcomeUnknownError,
     ConfigError,
     ConflictError,
+    InvariantViolation,
     MVSinkError,
     StorageError,
     UnsupportedTableError,
@@ -219,6 +220,8 @@ def load_snapshot(
     try:
         dt = DeltaTable(root, storage_options=dict(storage_options) or None)
     except TableNotFoundError:
+        if writing and engine == "delta-spark":  # a new table is made by delta-rs, but say now
+            _engine(root, None, engine, spark, where)  # if the engine asked for cannot commit later
         return Snapshot(root, None, None, None, (), (), storage_options=dict(storage_options))
     except DeltaError as exc:
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
@@ -230,7 +233,7 @@ def load_snapshot(
     features = _check_features(dt, where)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
-    jvm = _engine(dt, engine, spark, where) if writing else None
+    jvm = _engine(root, dt, engine, spark, where) if writing else None
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -338,14 +341,24 @@ def _delta_rs_refusal(dt: DeltaTable, where: Where) -> str | None:
     return _writable[key]
 
 
-def _engine(dt: DeltaTable, engine: str, spark: Any, where: Where) -> Any:
+def delta_rs_refusal(target: str, storage_options: Mapping[str, str]) -> str | None:
+    """Why the installed delta-rs cannot commit to the table at ``target``, or None (also for
+    no table, or one it cannot open: loading the snapshot says what is wrong then)."""
+    try:
+        dt = DeltaTable(table_root(target), storage_options=dict(storage_options) or None)
+    except Exception:
+        return None
+    return _delta_rs_refusal(dt, Where(None, target))
+
+
+def _engine(root: str, dt: DeltaTable | None, engine: str, spark: Any, where: Where) -> Any:
     """The JVM Delta that commits to ``dt`` (``jvm_delta.JvmDelta``), or None for delta-rs.
 
     ``auto`` takes delta-rs when it writes the table, else the session's JVM Delta; a table
     neither can write is refused here, before anything is staged."""
     from mvsink.jvm_delta import JvmDelta, Unavailable
 
-    refusal = None if engine == "delta-spark" else _delta_rs_refusal(dt, where)
+    refusal = None if engine == "delta-spark" or dt is None else _delta_rs_refusal(dt, where)
     if engine == "delta-rs" or (engine == "auto" and refusal is None):
         if refusal is None:
             return None
@@ -367,7 +380,11 @@ def _engine(dt: DeltaTable, engine: str, spark: Any, where: Where) -> Any:
             f"{why}the delta-spark engine needs a Spark session with Delta; nothing was staged", where
         )
     try:
-        return JvmDelta(spark)
+        jvm = JvmDelta(spark)
+        if dt is not None:
+            features = set(dt.protocol().reader_features or ()) | set(dt.protocol().writer_features or ())
+            jvm.check_table(root, dt.version(), str(dt.metadata().id), frozenset(features))
+        return jvm
     except Unavailable as exc:
         raise UnsupportedTableError(f"{why}{exc}; nothing was staged", where) from None
 
@@ -499,6 +516,10 @@ def compare_and_append(
         for f in removes
     ]
     parts = list(partition_by) or None
+    # Through the session's JVM Delta, everything before its commit call (a failure there
+    # cannot have landed anything) happens first.
+    jvm_commit = _prepare_jvm(snap, adds, removes, props, data_change) if snap._jvm is not None else None
+    landed: int | None = None
     # Only the commit call is inside: whatever it raises, the log decides what it did.
     try:
         if snap.version is None:
@@ -512,8 +533,8 @@ def compare_and_append(
                 commit_properties=props,
                 post_commithook_properties=_NO_HOOKS,
             )
-        elif snap._jvm is not None:
-            _commit_jvm(snap, adds, removes, props, data_change)
+        elif jvm_commit is not None:
+            landed = jvm_commit()
         else:
             dt: DeltaTable = snap._table
             dt.create_write_transaction(
@@ -531,18 +552,27 @@ def compare_and_append(
         # object store, a conditional put whose reply was lost may be retried by the client
         # and then find our own commit in place.
         _resolve(snap, version, attempt_id, exc, where)
-    _maintain_log(snap, version, where)
+    if landed is not None and landed != version:
+        # Landed, but not on top of the snapshot it was planned on: its files are referenced.
+        raise InvariantViolation(
+            f"the session's Delta committed version {landed}, not {version}: it rebased the commit "
+            "over another one (is spark.databricks.delta.maxCommitAttempts=0 honoured?). The staged "
+            "files are kept; the next epoch repairs the view.",
+            where,
+        )
+    if jvm_commit is None:  # the JVM Delta checkpoints its own commits
+        _maintain_log(snap, version, where)
     return version
 
 
-def _commit_jvm(
+def _prepare_jvm(
     snap: Snapshot,
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
     props: CommitProperties,
     data_change: bool,
-) -> None:
-    """The commit call of ``compare_and_append`` through the session's JVM Delta."""
+) -> Callable[[], int]:
+    """The commit of ``compare_and_append`` through the session's JVM Delta, up to its call."""
     from urllib.parse import quote
 
     from mvsink.jvm_delta import add_action, remove_action, txn_action
@@ -550,15 +580,18 @@ def _commit_jvm(
     assert snap.version is not None
     metadata = dict(props.custom_metadata or {})
     user_metadata = metadata.pop("userMetadata", None)
+    transactions = list(props.app_transactions or ())
     actions = [
         *(remove_action(f.path, f.size, f.partition_values, data_change) for f in removes),
+        # Spelled as delta-rs spells it: partition folders are already escaped on disk.
         *(
-            add_action(quote(f.path, safe="/"), f.size, f.partition_values, f.stats, data_change)
+            add_action(quote(f.path, safe="/="), f.size, f.partition_values, f.stats, data_change)
             for f in adds
         ),
-        *(txn_action(t.app_id, t.version) for t in props.app_transactions or ()),
+        *(txn_action(t.app_id, t.version) for t in transactions),
     ]
-    snap._jvm.commit(snap.root, snap.version, actions, metadata, user_metadata)
+    app_ids = [t.app_id for t in transactions]
+    return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata, app_ids)  # type: ignore[no-any-return]
 
 
 def _resolve(

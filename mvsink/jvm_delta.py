@@ -22,21 +22,28 @@ only module that knows them.
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mvsink.errors import MVSinkError
+from mvsink.errors import MVSinkError, first_line
 
 TESTED = ("4.4.",)
 """Delta releases (prefixes) whose internals this module was tested against."""
 ENGINES = ("auto", "delta-rs", "delta-spark")
 COMMIT_CONF = "spark.databricks.delta.maxCommitAttempts"
+COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits")
+"""Table features (prefixes) whose commits do not simply land in ``_delta_log``."""
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class Unavailable(MVSinkError):
     """The session has no JVM Delta this engine can use (the message says why)."""
+
+
+class Refused(MVSinkError):
+    """The JVM Delta refused an operation (the message has its first line)."""
 
 
 class JvmDelta:
@@ -48,6 +55,11 @@ class JvmDelta:
             raise Unavailable(
                 "the delta-spark engine commits through the session's JVM Delta over py4j, which a "
                 "Spark Connect session does not have"
+            )
+        if os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "false":
+            raise Unavailable(
+                "the delta-spark engine makes its one-attempt session active around the commit, "
+                "which needs PySpark's pinned threads (PYSPARK_PIN_THREAD is false here)"
             )
         self._jvm = spark._jvm
         self._jspark = jspark
@@ -83,25 +95,71 @@ class JvmDelta:
         scala = self._jvm.scala.jdk.javaapi.CollectionConverters.asScala(table)
         return getattr(self._module("scala.collection.immutable.Map$"), "from")(scala)
 
-    def commit(
+    def check_table(self, root: str, version: int, table_id: str, features: frozenset[str]) -> None:
+        """Refuse, before anything is staged, a table this engine must not commit to: one the
+        JVM does not see as delta-rs does (another store, another table, an older version),
+        one whose commits go through a catalog or coordinator (delta-rs reads only the
+        ``_delta_log`` folder, so it would plan on a stale version), or one on a store where
+        the session's Delta cannot commit strictly across writers."""
+        routed = sorted(f for f in features if f.startswith(COMMIT_ROUTING_FEATURES))
+        if routed:
+            raise Unavailable(
+                f"the table's commits go through a catalog or commit coordinator ({', '.join(routed)}), "
+                "which mvsink's reading of the Delta log does not follow"
+            )
+        scheme = root.split("://", 1)[0] if "://" in root else "file"
+        if scheme in ("s3", "s3a", "s3n"):
+            conf = self._jspark.conf()
+            store = " ".join(
+                str(conf.get(key, ""))
+                for key in (
+                    f"spark.delta.logStore.{scheme}.impl",
+                    "spark.delta.logStore.s3a.impl",
+                    "spark.delta.logStore.class",
+                )
+            )
+            if "DynamoDB" not in store:
+                raise Unavailable(
+                    "on S3 the session's Delta commits with S3SingleDriverLogStore, which two writers "
+                    "can both 'win' (no conditional put): configure S3DynamoDBLogStore "
+                    f"(spark.delta.logStore.{scheme}.impl) to commit through the JVM Delta on S3"
+                )
+        none = self._jvm.scala.Option.empty()
+        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
+        snapshot = delta_log.update(False, none, none)
+        seen, seen_id = int(snapshot.version()), str(snapshot.metadata().id())
+        if seen < version or seen_id != table_id:
+            raise Unavailable(
+                f"the session's Delta sees another table at {jvm_path(root)} (version {seen}, id "
+                f"{seen_id}) than mvsink reads (version {version}, id {table_id}): check that both "
+                "reach the same store"
+            )
+
+    def prepare(
         self,
         root: str,
         read_version: int,
         actions: Sequence[Mapping[str, Any]],
         tags: Mapping[str, str],
         user_metadata: str | None,
-    ) -> int:
-        """Commit ``actions`` (Delta-log JSON objects) as version ``read_version + 1`` of the
-        table at ``root``, or raise: strictly on top of ``read_version``, one attempt."""
+        app_ids: Sequence[str],
+    ) -> Callable[[], int]:
+        """Everything up to the commit call (whose failure cannot have landed anything): a
+        transaction on ``read_version`` of the table at ``root`` with ``actions`` (Delta-log
+        JSON objects). The returned call commits it, strictly as ``read_version + 1``, one
+        attempt, and returns the version it landed as."""
         jvm = self._jvm
         none = jvm.scala.Option.empty()
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
         snapshot = delta_log.getSnapshotAt(read_version, none, none, False)
         txn = delta_log.startTransaction(none, jvm.scala.Some(snapshot))
         txn.readWholeTable()  # any data change since read_version conflicts
+        for app_id in app_ids:  # and any commit of these app transactions
+            txn.txnVersion(app_id)
         from_json = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
         seq = self._seq([from_json(json.dumps(a, separators=(",", ":"))) for a in actions])
         operation = self._module("org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$")
+        tag_map = self._map(tags)
         clone = self._jspark.cloneSession()
         clone.conf().set(COMMIT_CONF, "0")
         if user_metadata:
@@ -109,20 +167,62 @@ class JvmDelta:
         else:
             clone.conf().unset(USER_METADATA_CONF)
         sessions = jvm.org.apache.spark.sql.SparkSession
-        previous = sessions.getActiveSession()
-        sessions.setActiveSession(clone)
+
+        def commit() -> int:
+            previous = sessions.getActiveSession()
+            sessions.setActiveSession(clone)
+            try:
+                return int(txn.commit(seq, operation, tag_map))
+            finally:
+                if previous.isDefined():
+                    sessions.setActiveSession(previous.get())
+                else:
+                    sessions.clearActiveSession()
+
+        return commit
+
+    def vacuum(self, root: str, retention_hours: int | None, *, dry_run: bool) -> list[str]:
+        """Delta's own VACUUM of the table at ``root`` (it keeps every file, deletion vectors
+        included, that a version within the retention references, and refuses a retention
+        below the table's): the files it would delete, relative to ``root`` (a dry run), or
+        nothing."""
+        table = jvm_path(root).replace("`", "``")
+        retain = "" if retention_hours is None else f" RETAIN {int(retention_hours)} HOURS"
+        statement = f"VACUUM delta.`{table}`{retain}{' DRY RUN' if dry_run else ''}"
         try:
-            return int(txn.commit(seq, operation, self._map(tags)))
-        finally:
-            if previous.isDefined():
-                sessions.setActiveSession(previous.get())
-            else:
-                sessions.clearActiveSession()
+            rows = self._jspark.sql(statement).collectAsList()
+        except Exception as exc:
+            raise Refused(f"Delta's VACUUM refused: {first_line(exc)}") from None
+        if not dry_run:
+            return []
+        return [_relative(root, str(row.getString(0))) for row in rows]
+
+
+def _relative(root: str, path: str) -> str:
+    """A path Hadoop printed (``file:/lake/t/x``, ``s3a://b/t/x``), relative to ``root``."""
+    from urllib.parse import urlparse
+
+    base = urlparse(jvm_path(root))
+    found = urlparse(path)
+    prefix = (base.path if base.scheme in ("", "file") else base.netloc + base.path).rstrip("/") + "/"
+    full = found.path if found.scheme in ("", "file") else found.netloc + found.path
+    if not full.startswith(prefix):
+        raise MVSinkError(f"Delta's VACUUM listed {path}, outside the table at {root}")
+    return full[len(prefix) :]
 
 
 def jvm_path(root: str) -> str:
-    """The table's root as Hadoop names it (``s3://`` is ``s3a://`` to Spark users' Hadoop)."""
-    return "s3a://" + root.removeprefix("s3://") if root.startswith("s3://") else root
+    """The table's root as Hadoop names it: ``file:`` for local disk (not the session's default
+    file system), ``s3a://`` for ``s3://``; Azure's ``az://`` has no Hadoop form."""
+    if root.startswith("/"):
+        return "file://" + root
+    if root.startswith("s3://"):
+        return "s3a://" + root.removeprefix("s3://")
+    if root.startswith(("az://", "azure://")):
+        raise Unavailable(
+            f"{root}: give the table's abfss:// URI for the session's Delta (Hadoop has no az://)"
+        )
+    return root
 
 
 def add_action(

@@ -275,6 +275,7 @@ class MVSink:
                 max_rows_per_file=opts.max_rows_per_file,
                 cluster_by=opts.cluster_by,
                 retry=opts.retry,
+                engine=opts.engine,
             )
             log.info("%s: %s", where, done)
         except Exception as exc:  # the epoch is committed: never fail it (or the query) now
@@ -702,7 +703,9 @@ def promote(target: str, name: str, writer: str, storage_options: Mapping[str, s
         target=target, name=name, writer=writer, storage_options=dict(storage_options or {})
     )
     where = Where(name, target)
-    snap = load_snapshot(locate(target, where), options.app_id, options.storage_options, where)
+    snap = load_snapshot(
+        locate(target, where), options.app_id, options.storage_options, where, engine=options.engine
+    )
     return promote_on(snap, options, where)
 
 

@@ -2,7 +2,9 @@
 
 Three kinds of leftovers, and why deleting each cannot lose data:
 
-* **Data files** no longer in the table: delegated to delta-rs's full vacuum, which deletes a
+* **Data files** no longer in the table: delegated to delta-rs's full vacuum (or, on a table
+  only the session's JVM Delta writes, to Delta's own VACUUM, which also keeps every deletion
+  vector a version references), which deletes a
   file only if the latest version does not reference it and it left the table (or, never
   committed, was last written) longer ago than the retention. The retention defaults to the
   table's ``delta.deletedFileRetentionDuration`` (7 days) and cannot be set below it: a
@@ -29,6 +31,7 @@ from mvsink.catalog import locate
 from mvsink.delta import Snapshot, load_snapshot
 from mvsink.errors import ConfigError, StorageError, Where, first_line
 from mvsink.index import HIDDEN, StoredIndex
+from mvsink.jvm_delta import Refused
 from mvsink.schema import target_struct
 from mvsink.storage import Store
 from mvsink.write import Layout
@@ -78,10 +81,17 @@ def vacuum(
     table = DeltaTable(snap.root, storage_options=options or None)
     try:
         _refuse_nested_tables(store, where)
-        found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
-        sizes = store.sizes(found)
-        data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
-    except DeltaError as exc:
+        if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
+            found = snap._jvm.vacuum(snap.root, retention_hours, dry_run=True)
+            sizes = store.sizes(found)
+            if apply:
+                snap._jvm.vacuum(snap.root, retention_hours, dry_run=False)
+            data = found  # what the dry run listed: Delta's VACUUM reports no list
+        else:
+            found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
+            sizes = store.sizes(found)
+            data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
+    except (DeltaError, Refused) as exc:
         raise ConfigError(f"vacuum refused: {exc}", where) from None
     entries = _stale_entries(store, snap)
     if apply:

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import ConfigError, MVSink, UnsupportedTableError
 from mvsink.storage import wait_for_cleanup
-from tests.helpers import added, data_files_on_disk, multiset, store, target_table, versions
+from tests.helpers import added, data_files_on_disk, live_files, multiset, store, target_table, versions
 
 SCHEMA = "id long, name string, x double, day date, amount decimal(10,2), at timestamp"
 
@@ -176,8 +176,31 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     referenced = {p for v in versions(target) for p in added(target, v)}
     assert data_files_on_disk(target) == referenced
     if "RowTracking" in ddl:
-        ids = spark.read.format("delta").load(target).select("_metadata.row_id").toArrow().column(0)
-        assert ids.null_count == 0 and len(set(ids.to_pylist())) == len(ids)
+        # Rows in files the next epoch leaves alone keep their row ids; a rewritten file's
+        # rows get new ones (remove + add). Compaction, which would renumber rows while
+        # saying no data changed, is refused: Delta's OPTIMIZE keeps them.
+        def row_ids() -> dict[Any, int]:
+            table = spark.read.format("delta").load(target).select("id", "_metadata.row_id").toArrow()
+            return dict(zip(table.column("id").to_pylist(), table.column("row_id").to_pylist(), strict=True))
+
+        before = row_ids()
+        assert len(set(before.values())) == len(before)
+        report = sink(view(spark, range(7, 27), tag="b"), 5)  # retracts id 6 only
+        after = row_ids()
+        kept = [i for i in after if i in before and before[i] == after[i]]
+        assert report.files_removed == 1 and len(kept) >= len(after) - 4 and len(kept) > 0
+        from mvsink.compact import compact
+
+        with pytest.raises(ConfigError, match="Delta's OPTIMIZE"):
+            compact(target, "v", max_rows_per_file=100)
+    # A commit carrying app transactions only (a promotion) inside the commit window conflicts
+    # too: the retry plans on it and finds the sink fenced.
+    from mvsink import promote
+
+    frontier = sink.frontier()
+    sink._before_commit = once(lambda: promote(target, "v", "green"))
+    assert sink(view(spark, range(9, 30), tag="b"), 6).outcome == "fenced"
+    assert sink.frontier() == frontier
 
 
 def test_describe_history_says_what_each_commit_did(spark, tmp_path):
@@ -502,3 +525,53 @@ def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path
         f"spark.jars={conf['spark.jars']}",
     )
     assert lost.returncode == 2 and "does not know" in lost.stderr
+
+
+def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tmp_path):
+    """status, compact, promote, vacuum and frontier on a liquid-clustered table: from Python
+    through the active session, and from a CLI process that starts Spark with Delta from its
+    --conf (and says what it lacks without)."""
+    import subprocess
+    import sys
+
+    from mvsink import frontier, promote, status, vacuum
+    from mvsink.compact import compact
+    from tests.interop.conftest import _delta_conf
+
+    cols = ["id", "name", "x", "day", "amount", "at"]
+    target = str(tmp_path / "clustered")
+    spark.sql(f"CREATE TABLE delta.`{target}` ({SCHEMA}) USING delta CLUSTER BY (id)")
+    sink = MVSink(target, "v", max_rows_per_file=3, heartbeat=0)
+    for epoch in range(3):
+        sink(view(spark, range(epoch, 12 + epoch)), epoch)
+    assert status(target, "v").views[0].frontier == 3
+    done = compact(target, "v", max_rows_per_file=40)
+    assert done.version is not None and done.files_removed > 1
+    assert promote(target, "v", "green") == done.version + 1
+    assert spark_rows(spark, target) == multiset(view(spark, range(2, 14)).toArrow(), cols)
+    no_retention = "('delta.deletedFileRetentionDuration' = 'interval 0 hours')"
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES {no_retention}")
+    dry = vacuum(target)
+    assert dry.data_files and all(not os.path.isabs(p) for p in dry.data_files)
+    assert not set(dry.data_files) & live_files(target)  # only files the table no longer holds
+    applied = vacuum(target, apply=True)
+    assert applied.applied and not any(os.path.exists(os.path.join(target, p)) for p in dry.data_files)
+    assert spark_rows(spark, target) == multiset(view(spark, range(2, 14)).toArrow(), cols)
+    assert frontier(target, "v") == 3
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    cli = [sys.executable, "-m", "mvsink.cli"]
+    conf = [f"--conf={k}={v}" for k, v in _delta_conf(tmp_path / "warehouse").items()]
+    bare = subprocess.run(
+        [*cli, "compact", target, "--name", "v"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert bare.returncode == 2 and "needs Delta in the Spark session" in bare.stderr, bare.stderr[-2000:]
+    green = MVSink(target, "v", max_rows_per_file=3, heartbeat=0, writer="green")  # the promoted one
+    assert green(view(spark, range(3, 15)), 3).outcome == "committed"  # small files again
+    ran = subprocess.run(
+        [*cli, "compact", target, "--name", "v", *conf], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert ran.returncode == 0 and "compacted" in ran.stdout, (ran.returncode, ran.stdout, ran.stderr[-3000:])
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
+    assert history[-1]["userMetadata"].startswith("mvsink compact view v")
+    assert spark_rows(spark, target) == multiset(view(spark, range(3, 15)).toArrow(), cols)
