@@ -25,6 +25,7 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from mvsink.errors import ConfigError, MVSinkError, first_line
 
@@ -192,6 +193,13 @@ def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
     return conf
 
 
+def _session(args: argparse.Namespace) -> Any:
+    """The command's Spark session (started once, configured by ``_spark_conf``)."""
+    from mvsink.session import local_session
+
+    return local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+
+
 def _located(target: str, args: argparse.Namespace) -> str:
     """``target``, or for a table name its location, looked up through a Spark session this
     command starts (configured by the job file's [spark] and --conf); the lookup is echoed."""
@@ -200,11 +208,8 @@ def _located(target: str, args: argparse.Namespace) -> str:
 
     if not target or is_path(target):
         return target
-    from mvsink.session import local_session
-
     _progress(f"starting Spark to look up {target} ...")
-    spark = local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
-    location = locate(target, Where(getattr(args, "name", None), target), spark)
+    location = locate(target, Where(getattr(args, "name", None), target), _session(args))
     print(f"mvsink: table {target} is at {location}", file=sys.stderr)
     return location
 
@@ -216,10 +221,8 @@ def _session_if_needed(target: str, options: dict[str, str], args: argparse.Name
 
     refusal = delta_rs_refusal(target, options)
     if refusal is not None:
-        from mvsink.session import local_session
-
         _progress(f"starting Spark with Delta: the installed deltalake cannot commit to {target} ({refusal})")
-        local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+        _session(args)
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
@@ -245,14 +248,13 @@ def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], 
 def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from mvsink.session import local_session
     from mvsink.verify import desired_of_job, verify
 
     if bool(args.sql) == bool(args.job):
         raise ConfigError("give desired as exactly one of --sql QUERY or --job JOB.toml")
     target, name, options, _ = _target(args)
     _progress(f"verifying {target} ...")
-    spark = local_session("mvsink-verify", conf=_spark_conf(args))
+    spark = _session(args)
     with tempfile.TemporaryDirectory(prefix="mvsink-verify-") as scratch:
         if args.sql:
             desired = spark.sql(args.sql)

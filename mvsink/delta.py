@@ -221,7 +221,9 @@ def load_snapshot(
         dt = DeltaTable(root, storage_options=dict(storage_options) or None)
     except TableNotFoundError:
         if writing and engine == "delta-spark":  # a new table is made by delta-rs, but say now
-            _engine(root, None, engine, spark, where)  # if the engine asked for cannot commit later
+            _engine(
+                root, None, frozenset(), engine, spark, where
+            )  # if the engine asked for cannot commit later
         return Snapshot(root, None, None, None, (), (), storage_options=dict(storage_options))
     except DeltaError as exc:
         raise UnsupportedTableError(f"cannot open the Delta table: {exc}", where) from exc
@@ -233,7 +235,7 @@ def load_snapshot(
     features = _check_features(dt, where)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
-    jvm = _engine(root, dt, engine, spark, where) if writing else None
+    jvm = _engine(root, dt, features, engine, spark, where) if writing else None
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -351,7 +353,9 @@ def delta_rs_refusal(target: str, storage_options: Mapping[str, str]) -> str | N
     return _delta_rs_refusal(dt, Where(None, target))
 
 
-def _engine(root: str, dt: DeltaTable | None, engine: str, spark: Any, where: Where) -> Any:
+def _engine(
+    root: str, dt: DeltaTable | None, features: frozenset[str], engine: str, spark: Any, where: Where
+) -> Any:
     """The JVM Delta that commits to ``dt`` (``jvm_delta.JvmDelta``), or None for delta-rs.
 
     ``auto`` takes delta-rs when it writes the table, else the session's JVM Delta; a table
@@ -382,8 +386,7 @@ def _engine(root: str, dt: DeltaTable | None, engine: str, spark: Any, where: Wh
     try:
         jvm = JvmDelta(spark)
         if dt is not None:
-            features = set(dt.protocol().reader_features or ()) | set(dt.protocol().writer_features or ())
-            jvm.check_table(root, dt.version(), str(dt.metadata().id), frozenset(features))
+            jvm.check_table(root, dt.version(), str(dt.metadata().id), features)
         return jvm
     except Unavailable as exc:
         raise UnsupportedTableError(f"{why}{exc}; nothing was staged", where) from None
