@@ -60,6 +60,8 @@ _REFUSED_FEATURES = {
 }
 
 
+CHANGE_FEED = "delta.enableChangeDataFeed"
+
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure")
 """URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
 
@@ -166,6 +168,12 @@ class Snapshot:
     """The session's JVM Delta when it commits to this table (``jvm_delta``), else None."""
 
     @property
+    def change_feed(self) -> bool:
+        """Whether the table has Change Data Feed on: each commit that rewrites files must then
+        carry its retracted and inserted rows as change files (``cdc`` actions)."""
+        return change_feed(self.configuration)
+
+    @property
     def engine(self) -> str:
         """What commits to this table: ``delta-rs`` or ``delta-spark``."""
         return "delta-rs" if self._jvm is None else "delta-spark"
@@ -263,6 +271,11 @@ def load_snapshot(
         _table=dt,
         _jvm=jvm,
     )
+
+
+def change_feed(configuration: Mapping[str, str | None]) -> bool:
+    """Whether a table's properties turn Change Data Feed on."""
+    return str(configuration.get(CHANGE_FEED) or "false").lower() == "true"
 
 
 def partition_string(value: Any) -> str | None:
@@ -363,6 +376,11 @@ def _engine(
     from mvsink.jvm_delta import JvmDelta, Unavailable
 
     refusal = None if engine == "delta-spark" or dt is None else _delta_rs_refusal(dt, where)
+    if refusal is None and dt is not None and change_feed(dt.metadata().configuration):
+        refusal = (
+            f"the table has Change Data Feed on ({CHANGE_FEED}) and mvsink's commits through delta-rs "
+            "carry no change files, so the feed would report every row of each rewritten file"
+        )
     if engine == "delta-rs" or (engine == "auto" and refusal is None):
         if refusal is None:
             return None
@@ -473,13 +491,16 @@ def compare_and_append(
     where: Where,
     transactions: Mapping[str, int] | None = None,
     data_change: bool = True,
+    changes: Sequence[NewFile] = (),
     _after_call: Callable[[], None] | None = None,
 ) -> int:
     """Commit ``adds``, ``removes`` and the frontier ``upper`` (None: left as it is) as one
     Delta version.
 
     ``data_change=False`` marks a commit that moves rows without changing them (a compaction:
-    streaming readers skip it).
+    streaming readers skip it). ``changes`` are change files (the commit's retracted and
+    inserted rows with ``_change_type``, for Change Data Feed), committed as ``cdc`` actions:
+    only the session's JVM Delta writes those.
 
     Strict: it lands only if no commit at all landed since ``snap`` (delta-rs retries are
     off, because its rebase turns our removes of concurrently compacted files into silent
@@ -519,9 +540,15 @@ def compare_and_append(
         for f in removes
     ]
     parts = list(partition_by) or None
+    if changes and snap._jvm is None:
+        raise InvariantViolation(
+            "change files were staged for a commit through delta-rs, which cannot commit them", where
+        )
     # Through the session's JVM Delta, everything before its commit call (a failure there
     # cannot have landed anything) happens first.
-    jvm_commit = _prepare_jvm(snap, adds, removes, props, data_change) if snap._jvm is not None else None
+    jvm_commit = (
+        _prepare_jvm(snap, adds, removes, changes, props, data_change) if snap._jvm is not None else None
+    )
     landed: int | None = None
     # Only the commit call is inside: whatever it raises, the log decides what it did.
     try:
@@ -572,13 +599,14 @@ def _prepare_jvm(
     snap: Snapshot,
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
+    changes: Sequence[NewFile],
     props: CommitProperties,
     data_change: bool,
 ) -> Callable[[], int]:
     """The commit of ``compare_and_append`` through the session's JVM Delta, up to its call."""
     from urllib.parse import quote
 
-    from mvsink.jvm_delta import add_action, remove_action, txn_action
+    from mvsink.jvm_delta import add_action, cdc_action, remove_action, txn_action
 
     assert snap.version is not None
     metadata = dict(props.custom_metadata or {})
@@ -591,6 +619,7 @@ def _prepare_jvm(
             add_action(quote(f.path, safe="/="), f.size, f.partition_values, f.stats, data_change)
             for f in adds
         ),
+        *(cdc_action(quote(f.path, safe="/="), f.size, f.partition_values) for f in changes),
         *(txn_action(t.app_id, t.version) for t in transactions),
     ]
     app_ids = [t.app_id for t in transactions]

@@ -258,5 +258,13 @@ def remove_action(
     }
 
 
+def cdc_action(path: str, size: int, partition_values: Mapping[str, str | None]) -> dict[str, Any]:
+    """A ``cdc`` action: a change file (the table's columns and ``_change_type``) that Change
+    Data Feed readers take as the commit's changes instead of its added and removed files."""
+    return {
+        "cdc": {"path": path, "partitionValues": dict(partition_values), "size": size, "dataChange": False}
+    }
+
+
 def txn_action(app_id: str, version: int) -> dict[str, Any]:
     return {"txn": {"appId": app_id, "version": version, "lastUpdated": int(time.time() * 1000)}}

@@ -8,10 +8,10 @@ wrong (Spark folds ``col IS NULL`` to false on a NOT NULL column). mvsink enforc
 rows it would store: a row that breaks one is an ``InputError`` naming the rule and the epoch,
 and nothing is committed. As in Delta, a CHECK whose expression is null is broken.
 
-Features whose values the sink would have to compute or whose change data it would have to
-write are refused with ``UnsupportedTableError`` instead: generated and identity columns,
-column invariants, and Change Data Feed (copy-on-write without change files would make the
-feed report rows that did not change).
+Features whose values the sink would have to compute are refused with
+``UnsupportedTableError`` instead: generated and identity columns, and column invariants.
+(Change Data Feed is the engine's business: ``delta._engine`` sends such tables to the
+session's JVM Delta, which commits change files.)
 """
 
 from __future__ import annotations
@@ -96,13 +96,6 @@ def table_rules(snap: Snapshot, where: Where) -> Rules:
     if not snap.exists or snap.schema_json is None:
         return Rules()
     config = snap.configuration
-    if config.get("delta.enableChangeDataFeed", "false").lower() == "true":
-        raise UnsupportedTableError(
-            "the target has Change Data Feed on (delta.enableChangeDataFeed); mvsink rewrites "
-            "whole files and writes no change data, so the feed would be wrong. Turn it off, or "
-            "point the view at another table.",
-            where,
-        )
     refused: list[str] = []
     not_null: list[tuple[str, ...]] = []
 

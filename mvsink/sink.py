@@ -437,6 +437,7 @@ class _Epoch:
                     max_rows_per_file=opts.max_rows_per_file,
                     cluster_by=opts.cluster_by,
                     where=self.where,
+                    change_feed=snap.change_feed,
                 )
                 if isinstance(plan.inserts, DataFrame):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
@@ -461,6 +462,7 @@ class _Epoch:
                         snap,
                         adds=staged.adds,
                         removes=staged.removes,
+                        changes=staged.changes,
                         app_id=opts.app_id,
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,

@@ -9,6 +9,12 @@ read for planning. Files are staged in a fresh folder ``mvsink-<view>-e<epoch>-<
 the table root: never a ``_`` or ``.`` folder, which vacuum would not look into once the files
 are removed. Nothing here is visible until the commit; ``Store.delete_folder`` removes a failed
 attempt's files.
+
+On a table with Change Data Feed, an attempt that rewrites files also stages change files
+under ``<folder>/_change_data/``: exactly the rows it retracts (``_change_type`` ``delete``)
+and inserts (``insert``), never the kept rows of a rewritten file. Delta's feed then reads the
+commit from them instead of from its whole added and removed files. An attempt that only adds
+files needs none: the feed reads its added files as inserts.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store, Written
 
+CHANGE_DIR = "_change_data"
+"""The staged change files' folder inside an attempt's folder (Delta's own name for them)."""
+CHANGE_TYPE = "_change_type"
+"""The change files' column saying what happened to each row."""
 # Threads moving files on the driver (object stores are latency-bound).
 IO_THREADS = 8
 # A Spark write task writes a file once it holds this many bytes, whatever max_rows_per_file.
@@ -144,13 +154,28 @@ class Staged:
     removes: tuple[DataFile, ...]
     inserted: int
     retracted: int
+    changes: tuple[NewFile, ...] = ()
+    """Change files (Change Data Feed): the retracted and inserted rows, with ``CHANGE_TYPE``."""
 
     @property
     def bytes_written(self) -> int:
-        return sum(f.size for f in self.adds)
+        return sum(f.size for f in (*self.adds, *self.changes))
 
 
 NOTHING = Staged(None, (), {}, (), 0, 0)
+
+
+def with_change_type(rows: pa.Table, kind: str) -> pa.Table:
+    """``rows`` as a change file holds them: with ``CHANGE_TYPE`` = ``kind`` (``delete``,
+    ``insert``)."""
+    return rows.append_column(CHANGE_TYPE, pa.repeat(pa.scalar(kind, pa.string()), rows.num_rows))
+
+
+def _split_changes(folder: str, written: Sequence[Written]) -> tuple[list[Written], list[Written]]:
+    """Staged files as (data files, change files)."""
+    prefix = f"{folder}/{CHANGE_DIR}/"
+    data = [w for w in written if not w.file.path.startswith(prefix)]
+    return data, [w for w in written if w.file.path.startswith(prefix)]
 
 
 def stage(
@@ -163,12 +188,16 @@ def stage(
     max_rows_per_file: int,
     cluster_by: Sequence[str],
     where: Where,
+    change_feed: bool = False,
 ) -> Staged:
     """Write ``plan``'s inserts and rewrites as new files (and their index entries, if the plan
-    is indexed); nothing becomes visible."""
+    is indexed); with ``change_feed``, also the change files a commit that rewrites files needs
+    (module doc). Nothing becomes visible."""
     if plan.inserts is None and not plan.rewrites:
         return NOTHING
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
+    changes = change_feed and bool(plan.rewrites)
+    changes_folder = f"{folder}/{CHANGE_DIR}" if changes else None
     parts = layout.partition_by
     removes: tuple[DataFile, ...] = ()
     written: list[Written] = []
@@ -178,18 +207,30 @@ def stage(
             jobs = []
             if isinstance(plan.rewrites, TaskRewrites):
                 files, kept, removes = rewrite_frame(
-                    plan.rewrites, store, folder, layout, max_rows_per_file, plan.index, where
+                    plan.rewrites, store, folder, layout, max_rows_per_file, plan.index, where, changes_folder
                 )
                 written += files
             else:
                 removes = tuple(r.file for r in plan.rewrites)
                 jobs = [
-                    pool.submit(_write_kept, store, folder, r, layout, max_rows_per_file, where)
+                    pool.submit(
+                        _write_kept,
+                        store,
+                        folder,
+                        r,
+                        layout,
+                        max_rows_per_file,
+                        where,
+                        changes=changes_folder,
+                    )
                     for r in plan.rewrites
                 ]
             if isinstance(plan.inserts, pa.Table):
                 rows, fps = clustered(plan.inserts, plan.insert_fps, cluster_by)
                 written += store.write(folder, rows, parts, max_rows_per_file, fps)
+                if changes_folder is not None:
+                    inserted = with_change_type(rows, "insert")
+                    written += store.write(changes_folder, inserted, parts, max_rows_per_file)
             elif plan.inserts is not None:
                 written += write_frame(
                     plan.inserts,
@@ -200,12 +241,13 @@ def stage(
                     cluster_by=cluster_by,
                     index=plan.index,
                     where=where,
+                    changes=changes_folder,
                 )
             for job in jobs:
                 n, files = job.result()
                 kept += n
                 written += files
-            written = [w for w in written if w.file.num_records > 0]
+            written, changed = _split_changes(folder, [w for w in written if w.file.num_records > 0])
             entries: dict[str, FileEntry] = {}
             if plan.index is not None:
                 for w in written:
@@ -220,6 +262,13 @@ def stage(
             raise InvariantViolation(
                 f"staged {total} rows where the plan needs {needed} "
                 f"({kept} kept from rewritten files + {plan.inserted} inserted)",
+                where,
+            )
+        in_changes = sum(w.file.num_records for w in changed)
+        if changes and in_changes != total - kept + plan.retracted:
+            raise InvariantViolation(
+                f"staged change files hold {in_changes} rows where the attempt retracts "
+                f"{plan.retracted} and inserts {total - kept}",
                 where,
             )
     except InputError as exc:
@@ -237,6 +286,7 @@ def stage(
         removes,
         total - kept,
         plan.retracted,
+        tuple(w.file for w in changed),
     )
 
 
@@ -274,17 +324,19 @@ def _write_kept(
     where: Where,
     *,
     hash_kept: bool = False,
+    changes: str | None = None,
 ) -> tuple[int, list[Written]]:
-    """Write a rewritten file's kept rows; returns how many rows it kept. The file is read here
-    unless planning read it, and released once written (one file per thread at a time); a
-    file whose every row goes is not read at all. The kept rows' fingerprints come from the
+    """Write a rewritten file's kept rows; returns how many rows it kept, and the files written.
+    The file is read here unless planning read it, and released once written (one file per
+    thread at a time); a file whose every row goes is not read at all, unless its dropped rows
+    go into a change file under ``changes``. The kept rows' fingerprints come from the
     rewrite's, or are computed if ``hash_kept``."""
     drop = rewrite.drop
     if len(drop) and (drop[0] < 0 or (len(drop) > 1 and not bool(np.all(drop[1:] > drop[:-1])))):
         raise InvariantViolation(
             f"positions to drop from {rewrite.file.path} are not distinct and sorted", where
         )
-    if rewrite.size is not None and len(drop) == rewrite.size:
+    if changes is None and rewrite.size is not None and len(drop) == rewrite.size:
         return 0, []
     rows = rewrite.rows
     if rows is None:
@@ -300,15 +352,19 @@ def _write_kept(
         )
     keep = np.ones(rows.num_rows, dtype=bool)
     keep[rewrite.drop] = False
+    out: list[Written] = []
+    if changes is not None and len(drop):
+        deleted = with_change_type(rows.take(pa.array(drop)), "delete")
+        out = store.write(changes, deleted, layout.partition_by, max_rows_per_file)
     if not keep.any():
-        return 0, []
+        return 0, out
     kept = rows.filter(pa.array(keep))
     fps = None
     if rewrite.fps is not None:
         fps = (rewrite.fps[0][keep], rewrite.fps[1][keep])
     elif hash_kept:
         fps = fingerprints(kept)
-    return kept.num_rows, store.write(folder, kept, layout.partition_by, max_rows_per_file, fps)
+    return kept.num_rows, out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps)
 
 
 # --- Spark tasks -----------------------------------------------------------------------------
@@ -390,14 +446,16 @@ def write_frame(
     cluster_by: Sequence[str],
     index: StoredIndex | None,
     where: Where,
+    changes: str | None = None,
 ) -> list[Written]:
     """Write a DataFrame's rows from Spark tasks, never collecting them: each task writes its
-    rows through ``Store.write`` (and their index entries) and returns one row per file."""
+    rows through ``Store.write`` (and their index entries), and under ``changes`` their change
+    file, and returns one row per file."""
     rows = frame.select(*[F.col(quote(c)) for c in layout.struct.names])
     order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
     if order:
         rows = rows.sortWithinPartitions(*order)
-    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index)
+    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes)
     try:
         table = rows.mapInArrow(task, _FILES).toArrow()
     except Exception as exc:
@@ -442,6 +500,7 @@ class _TaskWriter:
     partition_by: tuple[str, ...]
     max_rows_per_file: int
     index: StoredIndex | None
+    changes: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         buffer: list[pa.RecordBatch] = []
@@ -462,6 +521,9 @@ class _TaskWriter:
             fps = fingerprints(rows) if self.index is not None else None
             written = self.store.write(self.folder, rows, self.partition_by, self.max_rows_per_file, fps)
             _put_entries(self.index, written)
+            if self.changes is not None:
+                inserted = with_change_type(rows, "insert")
+                written += self.store.write(self.changes, inserted, self.partition_by, self.max_rows_per_file)
         return _report(written)
 
 
@@ -473,11 +535,12 @@ def rewrite_frame(
     max_rows_per_file: int,
     index: StoredIndex | None,
     where: Where,
+    changes: str | None = None,
 ) -> tuple[list[Written], int, tuple[DataFile, ...]]:
     """Rewrite files from Spark tasks: each reads its file through the I/O layer, drops the
-    positions and writes the rest. Returns the files written, the rows kept, the files
-    replaced."""
-    task = _TaskRewriter(store, folder, layout, max_rows_per_file, index)
+    positions and writes the rest (and the dropped rows' change file under ``changes``).
+    Returns the files written, the rows kept, the files replaced."""
+    task = _TaskRewriter(store, folder, layout, max_rows_per_file, index, changes)
     try:
         table = rewrites.frame.mapInArrow(task, _FILES).toArrow()
     except Exception as exc:
@@ -486,7 +549,7 @@ def rewrite_frame(
     done = _written(table)
     sources = sorted({s for s, _ in done if s is not None})
     written = [w for _, w in done if w is not None]
-    kept = sum(w.file.num_records for w in written)
+    kept = sum(w.file.num_records for w in _split_changes(folder, written)[0])
     # The rows dropped must be the retractions counted when planning: the drops came from
     # another Spark job, which a recomputed (nondeterministic) input could have changed.
     replaced = tuple(rewrites.files[k] for k in sources)
@@ -511,6 +574,7 @@ class _TaskRewriter:
     layout: Layout
     max_rows_per_file: int
     index: StoredIndex | None
+    changes: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for row, file in task_files(batches):
@@ -524,6 +588,7 @@ class _TaskRewriter:
                     self.max_rows_per_file,
                     Where(),
                     hash_kept=self.index is not None,
+                    changes=self.changes,
                 )
-                _put_entries(self.index, written)
+                _put_entries(self.index, _split_changes(self.folder, written)[0])
             yield _report(written, row["file_no"])
