@@ -156,7 +156,7 @@ class Complete:
         """Files holding retracted rows, with their index entries; staging reads them."""
         out = []
         for k in sorted(drops):
-            entry = self.index.entry(snap.files[k].key)
+            entry = self.index.entry(snap.files[k].identity)
             out.append(Rewrite(snap.files[k], None, drops[k], (entry.a, entry.b)))
         self.ctx.files_read += sum(1 for r in out if len(r.drop) < (r.size or 0))
         return tuple(out)
@@ -164,7 +164,7 @@ class Complete:
     def committed(self, staged: Staged) -> None:
         """Keep the index equal to the new version's files (the snapshot's, less removes, plus
         ours) so the next epoch reads nothing back."""
-        removed = [f.key for f in staged.removes]
+        removed = [f.identity for f in staged.removes]
         self.index.forget(removed)
         for path, entry in staged.entries.items():
             self.index.put(path, entry)

@@ -58,9 +58,12 @@ _REFUSED_FEATURES = {
     "deletionVectors": "deletion vectors",
     "columnMapping": "column mapping",
 }
+# ... of which the sink keeps these through the session's JVM Delta (``load_snapshot``).
+_KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors"})
 
 
 CHANGE_FEED = "delta.enableChangeDataFeed"
+DELETION_VECTORS = "delta.enableDeletionVectors"
 
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure")
 """URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
@@ -125,12 +128,30 @@ class DataFile:
     num_records: int | None
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
     """Partition values as the log stores them (strings; None for null)."""
+    deletion_vector: Mapping[str, Any] | None = None
+    """The file's deletion vector (its descriptor, as the log holds it): rows of the file that
+    this version does not hold. ``num_records`` counts only the rows it holds."""
 
     @property
     def key(self) -> str:
-        """The path as it lies on storage relative to the root (decoded): the index's key, and
-        what a ``RemoveAction`` wants."""
+        """The path as it lies on storage relative to the root (decoded): what the store reads
+        and a ``RemoveAction`` wants."""
         return unquote(self.path)
+
+    @property
+    def identity(self) -> str:
+        """What tells this file's rows apart from any other's: its ``key``, and the id of its
+        deletion vector (a file keeps its path when a deletion vector drops some of its rows).
+        The index's key."""
+        from mvsink.deletion_vectors import unique_id
+
+        dv = unique_id(self.deletion_vector)
+        return self.key if dv is None else f"{self.key}#{dv}"
+
+    @property
+    def deleted(self) -> int:
+        """Rows of the Parquet file its deletion vector drops."""
+        return 0 if not self.deletion_vector else int(self.deletion_vector["cardinality"])
 
 
 @dataclass(frozen=True)
@@ -160,12 +181,22 @@ class Snapshot:
     """Reader and writer table features the protocol names."""
     storage_options: Mapping[str, str] = field(default_factory=dict)
     """The options the table was opened with (and commits use)."""
+    rows_known: bool = True
+    """False when the table has deletion vectors that no session's Delta could list (delta-rs
+    does not): its files' rows cannot be read exactly (``require_rows``)."""
     stats: pa.Table | None = field(default=None, repr=False, compare=False)
     """The files' statistics, row-aligned with ``files``: columns ``min.<col>`` and
     ``max.<col>`` (typed; null where unknown), as the writers of the files recorded them."""
     _table: Any = field(default=None, repr=False, compare=False)
     _jvm: Any = field(default=None, repr=False, compare=False)
     """The session's JVM Delta when it commits to this table (``jvm_delta``), else None."""
+
+    @property
+    def deletion_vectors(self) -> bool:
+        """Whether retractions are written as deletion vectors (the table turns them on, and the
+        session's JVM Delta commits): a file keeps its bytes, a vector marks its dropped rows."""
+        enabled = str(self.configuration.get(DELETION_VECTORS) or "false").lower() == "true"
+        return enabled and self._jvm is not None
 
     @property
     def change_feed(self) -> bool:
@@ -192,6 +223,15 @@ class Snapshot:
     @property
     def exists(self) -> bool:
         return self.version is not None
+
+    def require_rows(self, where: Where) -> None:
+        """Refuse to read rows of a table whose deletion vectors are unknown (``rows_known``)."""
+        if not self.rows_known:
+            raise UnsupportedTableError(
+                "the table has deletion vectors, which mvsink reads through the session's JVM Delta: "
+                "run with delta-spark in a classic Spark session",
+                where,
+            )
 
     def transaction(self, app_id: str) -> int | None:
         """The version the app transaction ``app_id`` records in this snapshot, or None."""
@@ -240,22 +280,29 @@ def load_snapshot(
             f"cannot read the Delta log at {root}: {first_line(exc)}",
             where,
         ) from exc
-    features = _check_features(dt, where)
+    features = _check_features(dt, where, allowed=_KEPT_THROUGH_THE_JVM)
     meta = dt.metadata()
     _check_transaction_retention(meta.configuration, where)
     jvm = _engine(root, dt, features, engine, spark, where) if writing else None
+    vectors: Mapping[str, Mapping[str, Any]] | None = {}
+    if "deletionVectors" in features:
+        # delta-rs lists the files but not their deletion vectors: the session's Delta does.
+        if jvm is None:
+            jvm = _reader(spark)
+        vectors = None if jvm is None else jvm.deletion_vectors(root, dt.version())
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
     files = tuple(
-        DataFile(
-            path=row["path"],
-            size=int(row["size_bytes"]),
-            num_records=row["num_records"],
-            partition_values={c.removeprefix("partition."): partition_string(row[c]) for c in part_cols},
-        )
+        _data_file(row, part_cols, None if vectors is None else vectors.get(row["path"]), where)
         for row in heads
     )
+    if vectors and len(vectors) != sum(1 for f in files if f.deletion_vector):
+        raise InvariantViolation(
+            f"the session's Delta lists deletion vectors of files delta-rs does not list at version "
+            f"{dt.version()}",
+            where,
+        )
     stats = actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))])
     return Snapshot(
         root=root,
@@ -268,9 +315,44 @@ def load_snapshot(
         features=features,
         storage_options=dict(storage_options),
         stats=stats,
+        rows_known=vectors is not None,
         _table=dt,
-        _jvm=jvm,
+        _jvm=jvm if writing else None,
     )
+
+
+def _data_file(
+    row: Mapping[str, Any], part_cols: Sequence[str], vector: Mapping[str, Any] | None, where: Where
+) -> DataFile:
+    """A snapshot's file from its row of delta-rs's add actions and its deletion vector."""
+    records = row["num_records"]
+    if vector is not None:
+        if records is None:
+            raise UnsupportedTableError(
+                f"{row['path']} has a deletion vector but no row count in its statistics", where
+            )
+        records -= int(vector["cardinality"])
+    return DataFile(
+        path=row["path"],
+        size=int(row["size_bytes"]),
+        num_records=records,
+        partition_values={c.removeprefix("partition."): partition_string(row[c]) for c in part_cols},
+        deletion_vector=vector,
+    )
+
+
+def _reader(spark: Any) -> Any:
+    """The JVM Delta of ``spark`` or the active session, for reading, or None."""
+    from mvsink.jvm_delta import JvmDelta, Unavailable
+
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    try:
+        return None if spark is None else JvmDelta(spark)
+    except Unavailable:
+        return None
 
 
 def change_feed(configuration: Mapping[str, str | None]) -> bool:
@@ -303,15 +385,16 @@ def check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
     return _check_features(dt, where)
 
 
-def _check_features(dt: DeltaTable, where: Where) -> frozenset[str]:
+def _check_features(dt: DeltaTable, where: Where, allowed: frozenset[str] = frozenset()) -> frozenset[str]:
     proto = dt.protocol()
     features = set(proto.reader_features or ()) | set(proto.writer_features or ())
     config = dt.metadata().configuration
     refused = [label for name, label in _REFUSED_FEATURES.items() if name in features]
-    if config.get("delta.enableDeletionVectors", "false").lower() == "true":
+    if (config.get(DELETION_VECTORS) or "false").lower() == "true":
         refused.append("deletion vectors")
-    if config.get("delta.columnMapping.mode", "none").lower() != "none":
+    if (config.get("delta.columnMapping.mode") or "none").lower() != "none":
         refused.append("column mapping")
+    refused = [label for label in refused if label not in allowed]
     if refused:
         names = ", ".join(sorted(set(refused)))
         raise UnsupportedTableError(
@@ -376,6 +459,11 @@ def _engine(
     from mvsink.jvm_delta import JvmDelta, Unavailable
 
     refusal = None if engine == "delta-spark" or dt is None else _delta_rs_refusal(dt, where)
+    if refusal is None and "deletionVectors" in features:
+        refusal = (
+            "the table has deletion vectors, which mvsink reads and writes through the session's "
+            "Delta only (delta-rs does not list them)"
+        )
     if refusal is None and dt is not None and change_feed(dt.metadata().configuration):
         refusal = (
             f"the table has Change Data Feed on ({CHANGE_FEED}) and mvsink's commits through delta-rs "
@@ -492,6 +580,7 @@ def compare_and_append(
     transactions: Mapping[str, int] | None = None,
     data_change: bool = True,
     changes: Sequence[NewFile] = (),
+    updates: Sequence[DataFile] = (),
     _after_call: Callable[[], None] | None = None,
 ) -> int:
     """Commit ``adds``, ``removes`` and the frontier ``upper`` (None: left as it is) as one
@@ -499,8 +588,9 @@ def compare_and_append(
 
     ``data_change=False`` marks a commit that moves rows without changing them (a compaction:
     streaming readers skip it). ``changes`` are change files (the commit's retracted and
-    inserted rows with ``_change_type``, for Change Data Feed), committed as ``cdc`` actions:
-    only the session's JVM Delta writes those.
+    inserted rows with ``_change_type``, for Change Data Feed), committed as ``cdc`` actions;
+    ``updates`` are files of ``removes`` added again with another deletion vector. Only the
+    session's JVM Delta commits those.
 
     Strict: it lands only if no commit at all landed since ``snap`` (delta-rs retries are
     off, because its rebase turns our removes of concurrently compacted files into silent
@@ -540,15 +630,17 @@ def compare_and_append(
         for f in removes
     ]
     parts = list(partition_by) or None
-    if changes and snap._jvm is None:
+    if (changes or updates) and snap._jvm is None:
         raise InvariantViolation(
-            "change files were staged for a commit through delta-rs, which cannot commit them", where
+            "change files or deletion vectors were staged for a commit through delta-rs, which "
+            "cannot commit them",
+            where,
         )
     # Through the session's JVM Delta, everything before its commit call (a failure there
     # cannot have landed anything) happens first.
-    jvm_commit = (
-        _prepare_jvm(snap, adds, removes, changes, props, data_change) if snap._jvm is not None else None
-    )
+    jvm_commit = None
+    if snap._jvm is not None:
+        jvm_commit = _prepare_jvm(snap, adds, removes, changes, updates, props, data_change, where)
     landed: int | None = None
     # Only the commit call is inside: whatever it raises, the log decides what it did.
     try:
@@ -600,20 +692,34 @@ def _prepare_jvm(
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
     changes: Sequence[NewFile],
+    updates: Sequence[DataFile],
     props: CommitProperties,
     data_change: bool,
+    where: Where,
 ) -> Callable[[], int]:
-    """The commit of ``compare_and_append`` through the session's JVM Delta, up to its call."""
+    """The commit of ``compare_and_append`` through the session's JVM Delta, up to its call.
+    Removed and re-added files repeat what the snapshot's add actions say of them."""
     from urllib.parse import quote
 
-    from mvsink.jvm_delta import add_action, cdc_action, remove_action, txn_action
+    from mvsink.deletion_vectors import unique_id
+    from mvsink.jvm_delta import add_action, cdc_action, readd_action, remove_action, txn_action
 
     assert snap.version is not None
     metadata = dict(props.custom_metadata or {})
     user_metadata = metadata.pop("userMetadata", None)
     transactions = list(props.app_transactions or ())
+    jvm = snap._jvm
+    held = jvm.add_actions(snap.root, snap.version, [f.path for f in (*removes, *updates)])
+    for f in removes:
+        found = held.get(f.path)
+        if found is None or unique_id(found.get("deletionVector")) != unique_id(f.deletion_vector):
+            raise InvariantViolation(
+                f"the session's Delta does not hold {f.path} as version {snap.version} of the table does",
+                where,
+            )
     actions = [
-        *(remove_action(f.path, f.size, f.partition_values, data_change) for f in removes),
+        *(remove_action(held[f.path], data_change) for f in removes),
+        *(readd_action(held[f.path], f.deletion_vector or {}, data_change) for f in updates),
         # Spelled as delta-rs spells it: partition folders are already escaped on disk.
         *(
             add_action(quote(f.path, safe="/="), f.size, f.partition_values, f.stats, data_change)

@@ -2,6 +2,8 @@
 
 Delta data files are immutable and their paths unique, so an entry, once computed, stays true
 for as long as the file is in the table; the index never needs invalidating, only extending.
+A file whose rows a deletion vector drops is another file for the index: entries are keyed by
+``DataFile.identity`` (the path and the vector's id), and hold the rows the vector keeps.
 
 The index lives in storage (``StoredIndex``), one small Parquet file per data file under the
 table's hidden folder::
@@ -90,11 +92,11 @@ class StoredIndex:
         return f"{HIDDEN}/{self.view}/index"
 
     def path(self, key: str) -> str:
-        """Where the entry of the data file at ``key`` (``DataFile.key``) lives."""
+        """Where the entry of the data file ``key`` (``DataFile.identity``) lives."""
         return f"{self.root}/{self.digest}/{hashlib.sha256(key.encode()).hexdigest()[:32]}.parquet"
 
     def put(self, key: str, size: int, entry: FileEntry) -> None:
-        """Write the entry of the data file at ``key`` (of ``size`` bytes)."""
+        """Write the entry of the data file ``key`` (``DataFile.identity``, of ``size`` bytes)."""
         self._check_version()
         table = pa.table([pa.array(entry.a), pa.array(entry.b)], schema=_ENTRY_SCHEMA)
         table = table.replace_schema_metadata(
@@ -108,7 +110,7 @@ class StoredIndex:
     def get(self, file: DataFile) -> FileEntry | None:
         """The stored entry of ``file``, if there is one and it describes this very file."""
         self._check_version()
-        data = self.store.get(self.path(file.key))
+        data = self.store.get(self.path(file.identity))
         if data is None:
             return None
         try:
@@ -121,7 +123,7 @@ class StoredIndex:
             return None
         rows = file.num_records
         if (
-            meta.get("mvsink.file") != file.key
+            meta.get("mvsink.file") != file.identity
             or meta.get("mvsink.size") != str(file.size)
             or (rows is not None and rows != len(a))
         ):
@@ -141,7 +143,7 @@ class StoredIndex:
                 f"{file.path} holds {len(entry)} rows but the Delta log says {file.num_records}"
             )
         try:
-            self.put(file.key, file.size, entry)
+            self.put(file.identity, file.size, entry)
         except Exception as exc:  # the entry is a cache: failing to store it loses no data
             log.warning("could not store the index entry of %s: %s", file.key, exc)
         return entry, True
@@ -175,7 +177,7 @@ class StoredIndex:
 
 class PersistedIndex:
     """The entries of the target's files held on the driver, keyed by their decoded path
-    (``DataFile.key``; the log lists paths percent-encoded, staged files are known by their
+    (``DataFile.identity``; the log lists paths percent-encoded, staged files are known by their
     raw path), backed by the ``StoredIndex``."""
 
     def __init__(self) -> None:
@@ -199,7 +201,7 @@ class PersistedIndex:
         self._calls += 1
         if (self._calls - 1) % SWEEP_EVERY:
             return
-        gone = stored.sweep(f.key for f in snap.files)
+        gone = stored.sweep(f.identity for f in snap.files)
         if gone:
             log.info("%s: swept %d index entries of files not in the table", where, gone)
 
@@ -209,9 +211,9 @@ class PersistedIndex:
         if stored.digest != self._digest:  # a new table layout: every fingerprint changes
             self._files.clear()
             self._digest = stored.digest
-        live = {f.key for f in snap.files}
+        live = {f.identity for f in snap.files}
         self.forget([p for p in self._files if p not in live])
-        missing = [f for f in snap.files if f.key not in self._files]
+        missing = [f for f in snap.files if f.identity not in self._files]
         if not missing:
             return 0
         log.info("%s: loading the index entries of %d file(s)", where, len(missing))
@@ -227,12 +229,12 @@ class PersistedIndex:
         with ThreadPoolExecutor(_THREADS) as pool:
             loaded = list(pool.map(load, missing))
         for f, (entry, _) in zip(missing, loaded, strict=True):
-            self._files[f.key] = entry
+            self._files[f.identity] = entry
         return sum(1 for _, read in loaded if read)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
         """The persisted side over ``files``: file numbers index into ``files``."""
-        entries = [self._files[f.key] for f in files]
+        entries = [self._files[f.identity] for f in files]
         if not entries:
             return Fingerprints.empty()
         sizes = np.array([len(e) for e in entries], dtype=np.int64)

@@ -61,6 +61,7 @@ class JvmDelta:
                 "the delta-spark engine makes its one-attempt session active around the commit, "
                 "which needs PySpark's pinned threads (PYSPARK_PIN_THREAD is false here)"
             )
+        self._spark = spark
         self._jvm = spark._jvm
         self._jspark = jspark
         try:
@@ -135,6 +136,47 @@ class JvmDelta:
                 "reach the same store"
             )
 
+    def _files(self, root: str, version: int) -> Any:
+        """The add actions of the table at ``root`` as of ``version``: a PySpark DataFrame over
+        the snapshot's own state (Delta caches it per snapshot)."""
+        from pyspark.sql import DataFrame
+
+        none = self._jvm.scala.Option.empty()
+        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
+        snapshot = delta_log.getSnapshotAt(version, none, none, False)
+        return DataFrame(snapshot.allFiles().toDF(), self._spark)
+
+    def deletion_vectors(self, root: str, version: int) -> dict[str, dict[str, Any]]:
+        """The deletion vector descriptors of the files of ``version`` that have one, by the
+        path the log lists (one Spark job, moved as Arrow)."""
+        from pyspark.sql import functions as F
+
+        files = self._files(root, version).where(F.col("deletionVector").isNotNull())
+        dv = F.col("deletionVector")
+        table = files.select(
+            "path", F.to_json(F.struct(*(dv[f].alias(f) for f in _DV_FIELDS))).alias("dv")
+        ).toArrow()
+        return dict(
+            zip(
+                table.column("path").to_pylist(), map(json.loads, table.column("dv").to_pylist()), strict=True
+            )
+        )
+
+    def add_actions(self, root: str, version: int, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The add actions (Delta-log JSON, the protocol's fields) of the files at ``paths`` in
+        ``version``, by path: what removing them, or adding them again with another deletion
+        vector, must repeat (row ids, tags, statistics)."""
+        from pyspark.sql import functions as F
+
+        if not paths:
+            return {}
+        wanted = self._spark.createDataFrame([(p,) for p in sorted(set(paths))], "path string")
+        files = self._files(root, version).join(wanted, "path", "left_semi")
+        present = [c for c in _ADD_FIELDS if c in files.columns]
+        table = files.select(F.to_json(F.struct(*present)).alias("add")).toArrow()
+        found = [json.loads(text) for text in table.column("add").to_pylist()]
+        return {add["path"]: add for add in found}
+
     def prepare(
         self,
         root: str,
@@ -198,6 +240,24 @@ class JvmDelta:
         return [_relative(root, str(row.getString(0))) for row in rows]
 
 
+_DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")
+"""A deletion vector descriptor's fields in the protocol."""
+_ADD_FIELDS = (
+    "path",
+    "partitionValues",
+    "size",
+    "modificationTime",
+    "dataChange",
+    "stats",
+    "tags",
+    "deletionVector",
+    "baseRowId",
+    "defaultRowCommitVersion",
+    "clusteringProvider",
+)
+"""An add action's fields in the protocol (the JVM's ``AddFile`` has internal ones too)."""
+
+
 def _relative(root: str, path: str) -> str:
     """A path Hadoop printed (``file:/lake/t/x``, ``s3a://b/t/x``), relative to ``root``."""
     from urllib.parse import urlparse
@@ -242,20 +302,36 @@ def add_action(
     }
 
 
-def remove_action(
-    path: str, size: int, partition_values: Mapping[str, str | None], data_change: bool
+def remove_action(add: Mapping[str, Any], data_change: bool) -> dict[str, Any]:
+    """The ``remove`` of the file an ``add`` (as the snapshot holds it) put in the table: the
+    same path and deletion vector (together they name the file), with its row ids and tags."""
+    kept = ("path", "partitionValues", "size", "stats", "tags", "deletionVector", "baseRowId")
+    remove = {k: add[k] for k in (*kept, "defaultRowCommitVersion") if add.get(k) is not None}
+    remove.update(
+        deletionTimestamp=int(time.time() * 1000), dataChange=data_change, extendedFileMetadata=True
+    )
+    return {"remove": remove}
+
+
+def readd_action(
+    add: Mapping[str, Any], deletion_vector: Mapping[str, Any], data_change: bool
 ) -> dict[str, Any]:
-    """A ``remove`` of a file the log lists as ``path``."""
-    return {
-        "remove": {
-            "path": path,
-            "deletionTimestamp": int(time.time() * 1000),
-            "dataChange": data_change,
-            "extendedFileMetadata": True,
-            "partitionValues": dict(partition_values),
-            "size": size,
-        }
-    }
+    """The ``add`` of a file already in the table with a new ``deletion_vector``: everything
+    else as it was (row ids included, so its other rows keep theirs), its statistics marked
+    as no longer tight (they may describe rows the vector drops)."""
+    again = {k: v for k, v in add.items() if v is not None}
+    stats = json.loads(again.get("stats") or "{}")
+    if "numRecords" not in stats:
+        raise MVSinkError(
+            f"{add['path']} has no row count in its statistics: no deletion vector can be added"
+        )
+    stats["tightBounds"] = False
+    again.update(
+        deletionVector=dict(deletion_vector),
+        stats=json.dumps(stats, separators=(",", ":")),
+        dataChange=data_change,
+    )
+    return {"add": again}
 
 
 def cdc_action(path: str, size: int, partition_values: Mapping[str, str | None]) -> dict[str, Any]:

@@ -438,6 +438,7 @@ class _Epoch:
                     cluster_by=opts.cluster_by,
                     where=self.where,
                     change_feed=snap.change_feed,
+                    deletion_vectors=snap.deletion_vectors,
                 )
                 if isinstance(plan.inserts, DataFrame):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
@@ -463,6 +464,7 @@ class _Epoch:
                         adds=staged.adds,
                         removes=staged.removes,
                         changes=staged.changes,
+                        updates=staged.updates,
                         app_id=opts.app_id,
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,
@@ -644,8 +646,9 @@ class _Epoch:
         # below are the same facts for tools.
         summary = (
             f"mvsink view {self.opts.name} epoch {self.epoch}: +{staged.inserted} -{staged.retracted} rows, "
-            f"files +{len(staged.adds)} -{len(staged.removes)}, frontier {desc.upper}, lineage "
-            f"{lineage.name}, writer {writer}"
+            f"files +{len(staged.adds) + len(staged.updates)} -{len(staged.removes)}"
+            f"{f' ({len(staged.updates)} with new deletion vectors)' if staged.updates else ''}, "
+            f"frontier {desc.upper}, lineage {lineage.name}, writer {writer}"
         )
         return {
             "userMetadata": summary,
@@ -659,7 +662,8 @@ class _Epoch:
             "mvsink.writer": writer,
             "mvsink.inserted": str(staged.inserted),
             "mvsink.retracted": str(staged.retracted),
-            "mvsink.files_added": str(len(staged.adds)),
+            "mvsink.files_added": str(len(staged.adds) + len(staged.updates)),
+            **({"mvsink.deletion_vectors": str(len(staged.updates))} if staged.updates else {}),
             "mvsink.files_removed": str(len(staged.removes)),
             "mvsink.attempts": str(attempt),
             "mvsink.seconds": f"{time.monotonic() - self.started:.3f}",
@@ -687,7 +691,7 @@ class _Epoch:
             version=version,
             inserted=staged.inserted if staged else (plan.inserted or 0) if plan else 0,
             retracted=staged.retracted if staged else plan.retracted if plan else 0,
-            files_added=len(staged.adds) if staged else 0,
+            files_added=len(staged.adds) + len(staged.updates) if staged else 0,
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,
             files_read=self.ctx.files_read,

@@ -71,10 +71,13 @@ class Store:
 
     def read(self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str]) -> pa.Table:
         """All rows of ``file`` in ``schema`` (the table's columns in order), partition columns
-        filled in from the values the log gives the file."""
+        filled in from the values the log gives the file, less those its deletion vector
+        drops."""
         parts = set(partition_by)
         with self.fs.open_input_file(file.key) as fh:
             raw = pq.read_table(fh, columns=None)
+        if file.deletion_vector:
+            raw = raw.filter(pa.array(self.alive(file, raw.num_rows)))
         stored = _by_name(raw.column_names, file.key)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {}
         for f in schema:
@@ -86,6 +89,26 @@ class Store:
                 # A column added to the table after this file was written: null in its rows.
                 columns[f.name] = pa.nulls(raw.num_rows, f.type)
         return pa.table(columns, schema=schema)
+
+    def alive(self, file: DataFile, physical: int) -> np.ndarray:
+        """Which of the ``physical`` rows of ``file``'s Parquet file the version holds (a
+        boolean mask): all but those its deletion vector drops."""
+        from mvsink.deletion_vectors import read
+
+        keep = np.ones(physical, dtype=bool)
+        if file.deletion_vector:
+            dropped = read(self, file.deletion_vector)
+            if len(dropped) and int(dropped[-1]) >= physical:
+                raise InvariantViolation(
+                    f"the deletion vector of {file.path} drops row {int(dropped[-1])} of {physical}"
+                )
+            keep[dropped] = False
+        if file.num_records is not None and int(keep.sum()) != file.num_records:
+            raise InvariantViolation(
+                f"{file.path} holds {int(keep.sum())} rows past its deletion vector where the Delta "
+                f"log says {file.num_records}"
+            )
+        return keep
 
     def write(
         self,

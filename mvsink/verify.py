@@ -102,9 +102,12 @@ def verify(
     target = locate(target, where, desired.sparkSession)
     check_supported(desired.schema, where)
     stored = stored_struct(desired.schema, None)
-    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
+    snap = load_snapshot(
+        target, f"mvsink:{name or ''}", options, where, writing=False, spark=desired.sparkSession
+    )
     if not snap.exists or snap.schema_json is None:
         raise ConfigError("there is no Delta table to verify (check the path)", where)
+    snap.require_rows(where)
     check_fits(stored, snap.schema_json, where)
     layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
     want = with_fingerprints(desired, layout).persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once

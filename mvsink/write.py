@@ -25,7 +25,7 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -156,10 +156,13 @@ class Staged:
     retracted: int
     changes: tuple[NewFile, ...] = ()
     """Change files (Change Data Feed): the retracted and inserted rows, with ``CHANGE_TYPE``."""
+    updates: tuple[DataFile, ...] = ()
+    """Files of ``removes`` added again with a new deletion vector (which drops rows of theirs)."""
 
     @property
     def bytes_written(self) -> int:
-        return sum(f.size for f in (*self.adds, *self.changes))
+        vectors = sum(int((f.deletion_vector or {}).get("sizeInBytes", 0)) + 8 for f in self.updates)
+        return sum(f.size for f in (*self.adds, *self.changes)) + vectors
 
 
 NOTHING = Staged(None, (), {}, (), 0, 0)
@@ -189,10 +192,12 @@ def stage(
     cluster_by: Sequence[str],
     where: Where,
     change_feed: bool = False,
+    deletion_vectors: bool = False,
 ) -> Staged:
     """Write ``plan``'s inserts and rewrites as new files (and their index entries, if the plan
     is indexed); with ``change_feed``, also the change files a commit that rewrites files needs
-    (module doc). Nothing becomes visible."""
+    (module doc); with ``deletion_vectors``, a file that keeps some rows gets a deletion vector
+    instead of being rewritten. Nothing becomes visible."""
     if plan.inserts is None and not plan.rewrites:
         return NOTHING
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
@@ -201,13 +206,22 @@ def stage(
     parts = layout.partition_by
     removes: tuple[DataFile, ...] = ()
     written: list[Written] = []
+    updates: list[_Kept] = []
     try:
         kept = 0
         with ThreadPoolExecutor(IO_THREADS) as pool:
             jobs = []
             if isinstance(plan.rewrites, TaskRewrites):
-                files, kept, removes = rewrite_frame(
-                    plan.rewrites, store, folder, layout, max_rows_per_file, plan.index, where, changes_folder
+                files, kept, removes, updates = rewrite_frame(
+                    plan.rewrites,
+                    store,
+                    folder,
+                    layout,
+                    max_rows_per_file,
+                    plan.index,
+                    where,
+                    changes_folder,
+                    vectors=deletion_vectors,
                 )
                 written += files
             else:
@@ -222,6 +236,7 @@ def stage(
                         max_rows_per_file,
                         where,
                         changes=changes_folder,
+                        vectors=deletion_vectors,
                     )
                     for r in plan.rewrites
                 ]
@@ -244,19 +259,25 @@ def stage(
                     changes=changes_folder,
                 )
             for job in jobs:
-                n, files = job.result()
-                kept += n
-                written += files
+                done = job.result()
+                kept += done.rows
+                written += done.written
+                if done.update is not None:
+                    updates.append(done)
             written, changed = _split_changes(folder, [w for w in written if w.file.num_records > 0])
             entries: dict[str, FileEntry] = {}
+            sizes = {w.file.path: w.file.size for w in written}
             if plan.index is not None:
                 for w in written:
                     if w.fp_a is not None and w.fp_b is not None:
                         entries[w.file.path] = FileEntry(w.fp_a, w.fp_b)
+                for u in updates:
+                    if u.update is not None and u.entry is not None:
+                        entries[u.update.identity] = u.entry
+                        sizes[u.update.identity] = u.update.size
                 index = plan.index
-                sizes = {w.file.path: w.file.size for w in written}
                 list(pool.map(lambda p: index.put(p, sizes[p], entries[p]), entries))
-        total = sum(w.file.num_records for w in written)
+        total = sum(w.file.num_records for w in written) + sum(u.rows for u in updates)
         needed = None if plan.inserted is None else kept + plan.inserted
         if (needed is not None and total != needed) or total < kept:
             raise InvariantViolation(
@@ -287,6 +308,7 @@ def stage(
         total - kept,
         plan.retracted,
         tuple(w.file for w in changed),
+        tuple(u.update for u in updates if u.update is not None),
     )
 
 
@@ -315,6 +337,18 @@ def clustered(
     return rows.take(order), None if fps is None else (fps[0][order], fps[1][order])
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """What became of one rewritten file: the rows it keeps, the files written for it (its
+    kept rows, or its dropped rows' change file), and, when a deletion vector drops its rows
+    instead, the file as the commit adds it again and its index entry."""
+
+    rows: int
+    written: list[Written]
+    update: DataFile | None = None
+    entry: FileEntry | None = None
+
+
 def _write_kept(
     store: Store,
     folder: str,
@@ -325,8 +359,11 @@ def _write_kept(
     *,
     hash_kept: bool = False,
     changes: str | None = None,
-) -> tuple[int, list[Written]]:
-    """Write a rewritten file's kept rows; returns how many rows it kept, and the files written.
+    vectors: bool = False,
+    index: StoredIndex | None = None,
+) -> _Kept:
+    """Drop a rewritten file's rows at ``rewrite.drop``: write its kept rows as new files, or,
+    with ``vectors``, mark the dropped rows in a new deletion vector of the file (``_mark``).
     The file is read here unless planning read it, and released once written (one file per
     thread at a time); a file whose every row goes is not read at all, unless its dropped rows
     go into a change file under ``changes``. The kept rows' fingerprints come from the
@@ -336,8 +373,11 @@ def _write_kept(
         raise InvariantViolation(
             f"positions to drop from {rewrite.file.path} are not distinct and sorted", where
         )
-    if changes is None and rewrite.size is not None and len(drop) == rewrite.size:
-        return 0, []
+    whole = rewrite.size is not None and len(drop) == rewrite.size
+    if changes is None and (whole or (vectors and rewrite.file.num_records is not None)):
+        if whole:
+            return _Kept(0, [])
+        return _mark(store, folder, rewrite, layout, [], where, hash_kept=hash_kept, index=index)
     rows = rewrite.rows
     if rows is None:
         rows = store.read(rewrite.file, layout.arrow, layout.partition_by)
@@ -357,19 +397,74 @@ def _write_kept(
         deleted = with_change_type(rows.take(pa.array(drop)), "delete")
         out = store.write(changes, deleted, layout.partition_by, max_rows_per_file)
     if not keep.any():
-        return 0, out
+        return _Kept(0, out)
+    if vectors and rewrite.file.num_records is not None:
+        return _mark(store, folder, rewrite, layout, out, where, hash_kept=hash_kept, index=index, rows=rows)
     kept = rows.filter(pa.array(keep))
     fps = None
     if rewrite.fps is not None:
         fps = (rewrite.fps[0][keep], rewrite.fps[1][keep])
     elif hash_kept:
         fps = fingerprints(kept)
-    return kept.num_rows, out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps)
+    return _Kept(kept.num_rows, out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps))
+
+
+def _mark(
+    store: Store,
+    folder: str,
+    rewrite: Rewrite,
+    layout: Layout,
+    written: list[Written],
+    where: Where,
+    *,
+    hash_kept: bool,
+    index: StoredIndex | None,
+    rows: pa.Table | None = None,
+) -> _Kept:
+    """Drop a file's rows at ``rewrite.drop`` (positions among the rows it holds) with a
+    deletion vector: its current vector plus those rows' positions in the Parquet file,
+    written under ``folder``. The file's bytes stay; the commit removes the file as it was and
+    adds it again with the new vector. Its index entry is the old one less the dropped rows."""
+    from mvsink.deletion_vectors import read, write
+
+    file = rewrite.file
+    assert file.num_records is not None
+    before = read(store, file.deletion_vector) if file.deletion_vector else np.zeros(0, dtype=np.int64)
+    held = np.setdiff1d(np.arange(file.num_records + len(before), dtype=np.int64), before)
+    last = int(rewrite.drop[-1]) if len(rewrite.drop) else -1
+    if len(held) != file.num_records or last >= len(held):
+        raise InvariantViolation(
+            f"{file.path}: its deletion vector leaves {len(held)} rows where the Delta log says "
+            f"{file.num_records}, and the plan drops up to row {last}",
+            where,
+        )
+    (vector,) = write(store, folder, [np.union1d(before, held[rewrite.drop])])
+    update = replace(file, deletion_vector=vector, num_records=file.num_records - len(rewrite.drop))
+    keep = np.ones(file.num_records, dtype=bool)
+    keep[rewrite.drop] = False
+    entry = None
+    if rewrite.fps is not None:
+        entry = FileEntry(rewrite.fps[0][keep], rewrite.fps[1][keep])
+    elif hash_kept:
+        old = index.get(file) if index is not None else None
+        if old is not None:
+            entry = FileEntry(old.a[keep], old.b[keep])
+        else:
+            if rows is None:
+                rows = store.read(file, layout.arrow, layout.partition_by)
+            a, b = fingerprints(rows.filter(pa.array(keep)))
+            entry = FileEntry(a, b)
+    return _Kept(update.num_records or 0, written, update, entry)
 
 
 # --- Spark tasks -----------------------------------------------------------------------------
 
-_FILES = "source long, path string, size long, rows long, stats string, partition_values string"
+_FILES = (
+    "source long, path string, size long, rows long, stats string, partition_values string, "
+    "deletion_vector string"
+)
+"""A task's report of the files it wrote, one row each; a row with a ``deletion_vector`` is a
+snapshot file added again with that vector (``_Kept.update``)."""
 _FILES_SCHEMA = pa.schema(
     [
         ("source", pa.int64()),
@@ -378,9 +473,12 @@ _FILES_SCHEMA = pa.schema(
         ("rows", pa.int64()),
         ("stats", pa.string()),
         ("partition_values", pa.string()),
+        ("deletion_vector", pa.string()),
     ]
 )
-FILE_COLUMNS = "file_no long, path string, size long, rows long, partition_values string"
+FILE_COLUMNS = (
+    "file_no long, path string, size long, rows long, partition_values string, deletion_vector string"
+)
 """A snapshot's files as a Spark DataFrame (``file_frame``): what a task needs to read one."""
 
 
@@ -395,6 +493,7 @@ def file_frame(spark: Any, files: Sequence[DataFile], numbers: Sequence[int] | N
             "size": pa.array([files[i].size for i in picked], pa.int64()),
             "rows": pa.array([files[i].num_records for i in picked], pa.int64()),
             "partition_values": pa.array([json.dumps(dict(files[i].partition_values)) for i in picked]),
+            "deletion_vector": pa.array([_vector_json(files[i]) for i in picked], pa.string()),
         }
     )
     frame: DataFrame = spark.createDataFrame(table, FILE_COLUMNS)
@@ -404,9 +503,20 @@ def file_frame(spark: Any, files: Sequence[DataFile], numbers: Sequence[int] | N
     return frame.repartition(slices) if slices > 1 else frame
 
 
+def _vector_json(file: DataFile) -> str | None:
+    return None if not file.deletion_vector else json.dumps(dict(file.deletion_vector))
+
+
 def task_file(row: dict[str, Any]) -> DataFile:
     """The ``DataFile`` a ``file_frame`` row describes."""
-    return DataFile(row["path"], row["size"], row["rows"], json.loads(row["partition_values"]))
+    vector = row.get("deletion_vector")
+    return DataFile(
+        row["path"],
+        row["size"],
+        row["rows"],
+        json.loads(row["partition_values"]),
+        json.loads(vector) if vector else None,
+    )
 
 
 def task_files(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[dict[str, Any], DataFile]]:
@@ -424,11 +534,15 @@ def raise_task_errors(exc: Exception, where: Where) -> None:
         raise _TASK_ERRORS.get(kind, InvariantViolation)(message, where) from None
 
 
-def _written(table: pa.Table) -> list[tuple[int | None, Written | None]]:
-    out: list[tuple[int | None, Written | None]] = []
+def _written(table: pa.Table) -> list[tuple[int | None, Written | DataFile | None]]:
+    """Tasks' reports (``_FILES``): per row, its source file number and the file written, or
+    the source file added again with a deletion vector."""
+    out: list[tuple[int | None, Written | DataFile | None]] = []
     for r in table.to_pylist():
-        new = None
-        if r["path"] is not None:
+        new: Written | DataFile | None = None
+        if r["deletion_vector"] is not None:
+            new = task_file(r)
+        elif r["path"] is not None:
             new = Written(
                 NewFile(r["path"], r["size"], r["rows"], r["stats"], json.loads(r["partition_values"]))
             )
@@ -461,10 +575,12 @@ def write_frame(
     except Exception as exc:
         raise_task_errors(exc, where)
         raise
-    return [w for _, w in _written(table) if w is not None]
+    return [w for _, w in _written(table) if isinstance(w, Written)]
 
 
-def _report(written: Sequence[Written], source: int | None = None) -> pa.RecordBatch:
+def _report(
+    written: Sequence[Written], source: int | None = None, update: DataFile | None = None
+) -> pa.RecordBatch:
     rows = [
         {
             "source": source,
@@ -473,9 +589,22 @@ def _report(written: Sequence[Written], source: int | None = None) -> pa.RecordB
             "rows": w.file.num_records,
             "stats": w.file.stats,
             "partition_values": json.dumps(dict(w.file.partition_values)),
+            "deletion_vector": None,
         }
         for w in written
     ]
+    if update is not None:
+        rows.append(
+            {
+                "source": source,
+                "path": update.path,
+                "size": update.size,
+                "rows": update.num_records,
+                "stats": None,
+                "partition_values": json.dumps(dict(update.partition_values)),
+                "deletion_vector": _vector_json(update),
+            }
+        )
     if not rows and source is not None:  # a rewritten file that keeps nothing: still reported
         rows = [dict.fromkeys(_FILES_SCHEMA.names, None) | {"source": source}]
     return pa.RecordBatch.from_pylist(rows, schema=_FILES_SCHEMA)
@@ -536,11 +665,15 @@ def rewrite_frame(
     index: StoredIndex | None,
     where: Where,
     changes: str | None = None,
-) -> tuple[list[Written], int, tuple[DataFile, ...]]:
+    *,
+    vectors: bool = False,
+) -> tuple[list[Written], int, tuple[DataFile, ...], list[_Kept]]:
     """Rewrite files from Spark tasks: each reads its file through the I/O layer, drops the
-    positions and writes the rest (and the dropped rows' change file under ``changes``).
-    Returns the files written, the rows kept, the files replaced."""
-    task = _TaskRewriter(store, folder, layout, max_rows_per_file, index, changes)
+    positions and writes the rest (and the dropped rows' change file under ``changes``), or
+    with ``vectors`` writes a deletion vector for it. Returns the files written, the rows
+    kept, the files replaced, and the files added again with a deletion vector (their index
+    entries written by the tasks)."""
+    task = _TaskRewriter(store, folder, layout, max_rows_per_file, index, changes, vectors)
     try:
         table = rewrites.frame.mapInArrow(task, _FILES).toArrow()
     except Exception as exc:
@@ -548,8 +681,9 @@ def rewrite_frame(
         raise
     done = _written(table)
     sources = sorted({s for s, _ in done if s is not None})
-    written = [w for _, w in done if w is not None]
-    kept = sum(w.file.num_records for w in _split_changes(folder, written)[0])
+    written = [w for _, w in done if isinstance(w, Written)]
+    updates = [_Kept(w.num_records or 0, [], w) for _, w in done if isinstance(w, DataFile)]
+    kept = sum(w.file.num_records for w in _split_changes(folder, written)[0]) + sum(u.rows for u in updates)
     # The rows dropped must be the retractions counted when planning: the drops came from
     # another Spark job, which a recomputed (nondeterministic) input could have changed.
     replaced = tuple(rewrites.files[k] for k in sources)
@@ -561,7 +695,7 @@ def rewrite_frame(
                 "was desired evaluated twice with different results (a nondeterministic query)?",
                 where,
             )
-    return written, kept, replaced
+    return written, kept, replaced, updates
 
 
 @dataclass(frozen=True)
@@ -575,12 +709,13 @@ class _TaskRewriter:
     max_rows_per_file: int
     index: StoredIndex | None
     changes: str | None = None
+    vectors: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for row, file in task_files(batches):
             rewrite = Rewrite(file, None, np.asarray(row["drop"], dtype=np.int64))
             with in_task(f"rewriting {rewrite.file.path}"):
-                _, written = _write_kept(
+                done = _write_kept(
                     self.store,
                     self.folder,
                     rewrite,
@@ -589,6 +724,10 @@ class _TaskRewriter:
                     Where(),
                     hash_kept=self.index is not None,
                     changes=self.changes,
+                    vectors=self.vectors,
+                    index=self.index,
                 )
-                _put_entries(self.index, _split_changes(self.folder, written)[0])
-            yield _report(written, row["file_no"])
+                _put_entries(self.index, _split_changes(self.folder, done.written)[0])
+                if self.index is not None and done.update is not None and done.entry is not None:
+                    self.index.put(done.update.identity, done.update.size, done.entry)
+            yield _report(done.written, row["file_no"], done.update)

@@ -12,6 +12,7 @@ import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -668,3 +669,184 @@ def test_change_data_feed_holds_exactly_what_each_commit_retracts_and_inserts(sp
         assert not kinds["delete"] - rebuilt, f"version {version} retracts a row the view did not hold"
         rebuilt = rebuilt - kinds["delete"] + kinds["insert"]
     assert rebuilt == multiset(views[-1].toArrow(), cols)
+
+
+def deletion_vectors_in_log(target: str) -> list[dict[str, Any]]:
+    """Every add action in the log that carries a deletion vector."""
+    log = Path(target, "_delta_log")
+    return [
+        json.loads(line)["add"]
+        for name in sorted(p.name for p in log.glob("*.json"))
+        for line in (log / name).read_text().splitlines()
+        if line.startswith('{"add"') and '"deletionVector"' in line
+    ]
+
+
+def live_vectors(target: str) -> list[dict[str, Any]]:
+    """The deletion vectors of the table's current files (through delta-rs's log replay)."""
+    from deltalake import DeltaTable
+
+    live = {p for p in pa.table(DeltaTable(target).get_add_actions()).column("path").to_pylist()}
+    latest: dict[str, dict[str, Any]] = {}
+    log = Path(target, "_delta_log")
+    for name in sorted(p.name for p in log.glob("*.json")):
+        for line in (log / name).read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                latest[action["add"]["path"]] = action["add"]
+    return [latest[p]["deletionVector"] for p in live if latest[p].get("deletionVector")]
+
+
+def dv_file(descriptor: dict[str, Any]) -> str:
+    from mvsink.deletion_vectors import file_path
+
+    return file_path(descriptor)
+
+
+@pytest.mark.parametrize(
+    ("placement", "extra"),
+    [
+        ("driver", "'delta.enableRowTracking' = 'true'"),
+        ("distributed", "'delta.enableChangeDataFeed' = 'true'"),
+    ],
+    ids=["driver-row-tracking", "distributed-change-feed"],
+)
+def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_path, placement, extra):
+    """On a table with deletion vectors on (as Databricks makes new tables), an epoch marks the
+    rows it retracts in new deletion vectors of their files, which keep their bytes (and, with
+    row tracking, their rows' ids); vectors Delta's own DELETE wrote are read, merged and
+    repaired; a file whose every row goes is removed; Spark reads every version exactly, the
+    index follows the vectors (a steady epoch reads nothing), and with Change Data Feed each
+    version's feed is exactly its changes."""
+    from mvsink import verify
+
+    cols = ["id", "name"]
+    target = str(tmp_path / "dv")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta "
+        f"TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', {extra})"
+    )
+    sink = MVSink(target, "v", max_rows_per_file=20, heartbeat=0, placement=placement)
+
+    def desired(ids: range, every: int, tag: str) -> DataFrame:
+        return spark.sql(
+            f"SELECT id, CASE WHEN id % {every} = 0 THEN concat('n', id, '{tag}') ELSE concat('n', id) END "
+            f"AS name FROM range({ids.start}, {ids.stop})"
+        )
+
+    def row_ids() -> dict[Any, int]:
+        table = spark.read.format("delta").load(target).select("id", "_metadata.row_id").toArrow()
+        return dict(zip(table.column("id").to_pylist(), table.column("row_id").to_pylist(), strict=True))
+
+    wanted = {}
+    report = sink(desired(range(0, 100), 1000, ""), 0)
+    wanted[report.version] = multiset(desired(range(0, 100), 1000, "").toArrow(), cols)
+    data_files = {
+        str(p.relative_to(target)) for p in Path(target).rglob("*.parquet") if "_mvsink" not in str(p)
+    }
+    ids_before = row_ids() if "RowTracking" in extra else {}
+    table_bytes = sum(Path(target, name).stat().st_size for name in data_files)
+    for epoch, df in enumerate(
+        [
+            desired(range(0, 100), 13, "a"),  # 8 rows changed, scattered over the files
+            desired(range(0, 100), 13, "a"),  # Delta's DELETE first: its vectors repaired
+            desired(range(0, 100), 11, "b"),  # more rows of files that already have vectors
+            desired(range(0, 60), 11, "b"),  # the last two files go whole
+        ],
+        start=1,
+    ):
+        if epoch == 2:
+            spark.sql(f"DELETE FROM delta.`{target}` WHERE id IN (30, 31, 57)")
+        report = sink(df, epoch)
+        assert report.outcome == "committed", epoch
+        wanted[report.version] = multiset(df.toArrow(), cols)
+        assert spark_rows(spark, target, cols=cols) == wanted[report.version], f"epoch {epoch}"
+        if epoch == 1:
+            # No data file was rewritten: each touched file got a vector, and the changed rows
+            # went into new files of their own.
+            assert report.retracted == 8 and report.inserted == 8
+            vectors = deletion_vectors_in_log(target)
+            assert len(vectors) == report.files_removed and report.files_added > report.files_removed
+            assert {unquote(v["path"]) for v in vectors} <= data_files
+            written = {str(p.relative_to(target)) for p in Path(target).rglob("*.parquet")} - data_files
+            new_data = [p for p in written if "_change_data" not in p and "_mvsink" not in p]
+            assert sum(Path(target, p).stat().st_size for p in new_data) < table_bytes / 2
+            if ids_before:
+                after = row_ids()
+                untouched = [i for i in after if i in ids_before and i % 13]
+                assert all(after[i] == ids_before[i] for i in untouched)
+        if epoch == 2:
+            assert (report.retracted, report.inserted) == (0, 3)
+    for version, want in wanted.items():
+        assert spark_rows(spark, target, version, cols) == want, f"version {version}"
+    steady = sink(desired(range(0, 60), 11, "b"), 5)
+    assert (steady.inserted, steady.retracted, steady.files_added) == (0, 0, 0), str(steady)
+    assert steady.files_read == 0  # the index knew every file, vectors and all
+    assert verify(desired(range(0, 60), 11, "b"), target, name="v").equal
+    final = multiset(desired(range(0, 60), 11, "b").toArrow(), cols)
+    if "RowTracking" in extra:
+        # mvsink's vacuum (Delta's VACUUM here) with no retention keeps the vectors the version
+        # references, staged under the attempts' folders, and deletes the rest.
+        from mvsink import vacuum
+
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        try:
+            vacuum(target, retention_hours=0, apply=True)
+        finally:
+            spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        referenced = {dv_file(v) for v in live_vectors(target)}
+        assert referenced and referenced == {str(p.relative_to(target)) for p in Path(target).rglob("*.bin")}
+        assert spark_rows(spark, target, cols=cols) == final
+    else:
+        from mvsink.compact import compact
+
+        assert compact(target, "v", max_rows_per_file=1000).version is not None  # reads past vectors
+        assert spark_rows(spark, target, cols=cols) == final and not live_vectors(target)
+    if "ChangeDataFeed" in extra:
+        feed = feed_by_version(spark, target, cols)
+        latest = max(versions(target))
+        held = {version: spark_rows(spark, target, version, cols) for version in range(latest + 1)}
+        for version in range(1, latest + 1):
+            changes = feed.get(version, {"delete": Counter(), "insert": Counter()})
+            assert changes["delete"] == held[version - 1] - held[version], f"version {version}"
+            assert changes["insert"] == held[version] - held[version - 1], f"version {version}"
+
+
+@pytest.mark.parametrize("placement", ["driver", "distributed"])
+def test_an_upsert_view_on_a_deletion_vector_table_updates_and_deletes_through_vectors(
+    spark, tmp_path, placement
+):
+    """Upsert mode on a table with deletion vectors: an update or a delete marks the old row in
+    a vector of its file (no file rewritten), Delta's own UPDATE between batches is kept as
+    the table's state, and Spark reads the view exactly."""
+    target = str(tmp_path / "dv-upsert")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta "
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    )
+    sink = MVSink(
+        target,
+        "u",
+        mode="upsert",
+        key=["id"],
+        delete_column="gone",
+        max_rows_per_file=25,
+        placement=placement,
+    )
+    batch = "SELECT id, concat('n', id, '{tag}') AS name, {gone} AS gone FROM range({lo}, {hi})"
+    sink(spark.sql(batch.format(tag="", gone="false", lo=0, hi=100)), 0)
+    files = {unquote(p) for p in live_files(target)}
+    report = sink(spark.sql(batch.format(tag="x", gone="id % 10 = 0", lo=20, hi=40)), 1)
+    assert report.retracted == 20 and files <= live_files(target)  # no file left the table
+    spark.sql(f"UPDATE delta.`{target}` SET name = 'spark' WHERE id = 50")
+    sink(spark.sql(batch.format(tag="y", gone="false", lo=95, hi=105)), 2)
+    want = {i: f"n{i}" for i in range(0, 100)}
+    want.update({i: f"n{i}x" for i in range(20, 40) if i % 10})
+    for i in (20, 30):
+        del want[i]
+    want[50] = "spark"
+    want.update({i: f"n{i}y" for i in range(95, 105)})
+    got = spark.read.format("delta").load(target).select("id", "name").toArrow().to_pylist()
+    assert sorted((r["id"], r["name"]) for r in got) == sorted(want.items())
+    vectors = {unquote(v["path"]) for v in deletion_vectors_in_log(target)}
+    assert vectors and vectors <= files  # the batches' files kept their bytes
