@@ -164,7 +164,9 @@ def _stage(
     for group in groups:
         merged, fps = _merged(group, store, index, layout)
         rows, sorted_fps = clustered(merged, fps, cluster_by)
-        written += store.write(folder, rows, layout.partition_by, max_rows_per_file, sorted_fps)
+        written += store.write(
+            folder, rows, layout.partition_by, max_rows_per_file, sorted_fps, schema=layout.arrow
+        )
     before = sum(f.num_records or 0 for f in removes)
     after = sum(w.file.num_records for w in written)
     if before != after:

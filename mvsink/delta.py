@@ -59,11 +59,12 @@ _REFUSED_FEATURES = {
     "columnMapping": "column mapping",
 }
 # ... of which the sink keeps these through the session's JVM Delta (``load_snapshot``).
-_KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors"})
+_KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors", "column mapping"})
 
 
 CHANGE_FEED = "delta.enableChangeDataFeed"
 DELETION_VECTORS = "delta.enableDeletionVectors"
+COLUMN_MAPPING = "delta.columnMapping.mode"
 
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure")
 """URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
@@ -392,7 +393,7 @@ def _check_features(dt: DeltaTable, where: Where, allowed: frozenset[str] = froz
     refused = [label for name, label in _REFUSED_FEATURES.items() if name in features]
     if (config.get(DELETION_VECTORS) or "false").lower() == "true":
         refused.append("deletion vectors")
-    if (config.get("delta.columnMapping.mode") or "none").lower() != "none":
+    if (config.get(COLUMN_MAPPING) or "none").lower() != "none":
         refused.append("column mapping")
     refused = [label for label in refused if label not in allowed]
     if refused:
@@ -459,6 +460,12 @@ def _engine(
     from mvsink.jvm_delta import JvmDelta, Unavailable
 
     refusal = None if engine == "delta-spark" or dt is None else _delta_rs_refusal(dt, where)
+    mode = "none" if dt is None else (dt.metadata().configuration.get(COLUMN_MAPPING) or "none").lower()
+    if refusal is None and ("columnMapping" in features or mode != "none"):
+        refusal = (
+            "the table maps column names (column mapping), which mvsink writes through the session's "
+            "Delta only"
+        )
     if refusal is None and "deletionVectors" in features:
         refusal = (
             "the table has deletion vectors, which mvsink reads and writes through the session's "
@@ -717,19 +724,37 @@ def _prepare_jvm(
                 f"the session's Delta does not hold {f.path} as version {snap.version} of the table does",
                 where,
             )
+    # The log keys partition values by the columns' physical names (column mapping).
+    names = physical_names(snap.schema_json)
+
+    def keyed(values: Mapping[str, str | None]) -> dict[str, str | None]:
+        return {names.get(k, k): v for k, v in values.items()}
+
     actions = [
         *(remove_action(held[f.path], data_change) for f in removes),
         *(readd_action(held[f.path], f.deletion_vector or {}, data_change) for f in updates),
         # Spelled as delta-rs spells it: partition folders are already escaped on disk.
         *(
-            add_action(quote(f.path, safe="/="), f.size, f.partition_values, f.stats, data_change)
+            add_action(quote(f.path, safe="/="), f.size, keyed(f.partition_values), f.stats, data_change)
             for f in adds
         ),
-        *(cdc_action(quote(f.path, safe="/="), f.size, f.partition_values) for f in changes),
+        *(cdc_action(quote(f.path, safe="/="), f.size, keyed(f.partition_values)) for f in changes),
         *(txn_action(t.app_id, t.version) for t in transactions),
     ]
     app_ids = [t.app_id for t in transactions]
     return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata, app_ids)  # type: ignore[no-any-return]
+
+
+def physical_names(schema_json: str | None) -> dict[str, str]:
+    """The top-level columns' physical names by name, where column mapping renames them."""
+    if not schema_json:
+        return {}
+    out = {}
+    for column in json.loads(schema_json).get("fields", []):
+        physical = (column.get("metadata") or {}).get("delta.columnMapping.physicalName")
+        if physical:
+            out[column["name"]] = str(physical)
+    return out
 
 
 def _resolve(

@@ -216,7 +216,110 @@ def check_roles(
         raise InputError("every column is a partition column; keep at least one data column", where)
 
 
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
+"""Field metadata of a table with column mapping: the column's name in the data files."""
+COLUMN_ID = "delta.columnMapping.id"
+"""... and its Parquet field id (what readers in ``id`` mode match columns by)."""
+_ARROW_PHYSICAL = PHYSICAL_NAME.encode()
+_ARROW_FIELD_ID = b"PARQUET:field_id"
+
+
 def arrow_schema(struct: StructType) -> pa.Schema:
     """The Arrow schema of the target's rows, wherever they are held (driver, task, file):
-    the types Spark exchanges with Arrow (timestamps in microseconds, UTC)."""
-    return to_arrow_schema(struct, timezone="UTC")
+    the types Spark exchanges with Arrow (timestamps in microseconds, UTC). On a table with
+    column mapping each field (nested ones too) carries its physical name and field id in its
+    Arrow metadata, which the I/O layer reads and writes files by (``physical_field``)."""
+    arrow = to_arrow_schema(struct, timezone="UTC")
+    if not any(_mapped(f) for f in struct.fields):
+        return arrow
+    return pa.schema([_with_mapping(a, f) for a, f in zip(arrow, struct.fields, strict=True)])
+
+
+def _mapped(field: Any) -> bool:
+    if PHYSICAL_NAME in (field.metadata or {}):
+        return True
+    return any(_mapped(f) for f in _struct_fields(field.dataType))
+
+
+def _struct_fields(t: DataType) -> list[Any]:
+    if isinstance(t, StructType):
+        return list(t.fields)
+    if isinstance(t, ArrayType):
+        return _struct_fields(t.elementType)
+    if isinstance(t, MapType):
+        return _struct_fields(t.keyType) + _struct_fields(t.valueType)
+    return []
+
+
+def _with_mapping(arrow: pa.Field, field: Any) -> pa.Field:
+    """``arrow`` (the Arrow form of Spark's ``field``) with the field's column mapping as Arrow
+    metadata, nested fields included."""
+    meta = field.metadata or {}
+    extra = {}
+    if PHYSICAL_NAME in meta:
+        extra[_ARROW_PHYSICAL] = str(meta[PHYSICAL_NAME]).encode()
+    if COLUMN_ID in meta:
+        extra[_ARROW_FIELD_ID] = str(meta[COLUMN_ID]).encode()
+    out = arrow.with_type(_type_with_mapping(arrow.type, field.dataType))
+    return out.with_metadata({**(arrow.metadata or {}), **extra}) if extra else out
+
+
+def _type_with_mapping(arrow: pa.DataType, spark: DataType) -> pa.DataType:
+    if isinstance(spark, StructType):
+        return pa.struct([_with_mapping(arrow.field(i), f) for i, f in enumerate(spark.fields)])
+    if isinstance(spark, ArrayType):
+        return pa.list_(arrow.value_field.with_type(_type_with_mapping(arrow.value_type, spark.elementType)))
+    if isinstance(spark, MapType):
+        key = arrow.key_field.with_type(_type_with_mapping(arrow.key_type, spark.keyType))
+        item = arrow.item_field.with_type(_type_with_mapping(arrow.item_type, spark.valueType))
+        return pa.map_(key, item)
+    return arrow
+
+
+def is_mapped(schema: pa.Schema) -> bool:
+    """Whether an ``arrow_schema`` carries column mapping (its files name columns otherwise)."""
+    return any(_physical_differs(f) for f in schema)
+
+
+def _physical_differs(field: pa.Field) -> bool:
+    return (field.metadata is not None and _ARROW_PHYSICAL in field.metadata) or any(
+        _physical_differs(f) for f in _children(field.type)
+    )
+
+
+def _children(t: pa.DataType) -> list[pa.Field]:
+    if pa.types.is_struct(t):
+        return [t.field(i) for i in range(t.num_fields)]
+    if pa.types.is_map(t):
+        return [t.key_field, t.item_field]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [t.value_field]
+    return []
+
+
+def physical_name(field: pa.Field) -> str:
+    """The name of ``field``'s column in the table's data files."""
+    if field.metadata and _ARROW_PHYSICAL in field.metadata:
+        return str(field.metadata[_ARROW_PHYSICAL].decode())
+    return str(field.name)
+
+
+def physical_field(field: pa.Field) -> pa.Field:
+    """``field`` as the table's data files hold it: physical names all the way down, and field
+    ids; the same type layout, so a column converts either way by a zero-copy ``view``."""
+    return pa.field(
+        physical_name(field),
+        _physical_type(field.type),
+        field.nullable,
+        {k: v for k, v in (field.metadata or {}).items() if k == _ARROW_FIELD_ID} or None,
+    )
+
+
+def _physical_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct([physical_field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(physical_field(t.key_field), physical_field(t.item_field))
+    if pa.types.is_list(t):
+        return pa.list_(physical_field(t.value_field))
+    return t

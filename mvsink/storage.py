@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from mvsink.delta import DataFile, NewFile, is_local, partition_string
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
+from mvsink.schema import is_mapped, physical_field, physical_name
 from mvsink.stats import metadata_stats
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,12 @@ class Store:
         stored = _by_name(raw.column_names, file.key)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {}
         for f in schema:
+            name = physical_name(f).lower()  # the column's name in files (column mapping)
             if f.name in parts:
                 columns[f.name] = partition_array(file.partition_values.get(f.name), f.type, raw.num_rows)
-            elif f.name.lower() in stored:
-                columns[f.name] = _cast(raw.column(stored[f.name.lower()]), f.type)
+            elif name in stored:
+                held = physical_field(f).type
+                columns[f.name] = _view(_cast(raw.column(stored[name]), held), f.type)
             else:
                 # A column added to the table after this file was written: null in its rows.
                 columns[f.name] = pa.nulls(raw.num_rows, f.type)
@@ -117,10 +120,14 @@ class Store:
         partition_by: Sequence[str],
         max_rows_per_file: int,
         fingerprints: tuple[np.ndarray, np.ndarray] | None = None,
+        *,
+        schema: pa.Schema,
     ) -> list[Written]:
-        """Write ``rows`` (the table's columns) under ``folder`` as Parquet files of at most
-        ``max_rows_per_file`` rows, one Hive-style folder per partition value; fingerprints
-        aligned with ``rows`` are sliced along with them."""
+        """Write ``rows`` (the table's columns, and any others after them) under ``folder`` as
+        Parquet files of at most ``max_rows_per_file`` rows, one Hive-style folder per
+        partition value; fingerprints aligned with ``rows`` are sliced along with them. The
+        table's ``schema`` (an ``arrow_schema``) names the columns in the files: on a table with
+        column mapping, by their physical names and field ids."""
         out: list[Written] = []
         for values, idx in _partition_groups(rows, partition_by):
             part = rows if idx is None else rows.take(idx)
@@ -131,7 +138,7 @@ class Store:
                     if idx is None
                     else (fingerprints[0][idx], fingerprints[1][idx])
                 )
-            data = part.drop_columns(list(partition_by)) if partition_by else part
+            data = _physical(part.drop_columns(list(partition_by)) if partition_by else part, schema)
             sub = "/".join(f"{_escape(c)}={_escape_value(values[c])}" for c in partition_by)
             for start in range(0, part.num_rows, max_rows_per_file):
                 stop = min(part.num_rows, start + max_rows_per_file)
@@ -433,6 +440,27 @@ def _by_name(names: Sequence[str], path: str) -> dict[str, str]:
 
 def _cast(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
     return column if column.type == to else column.cast(to)
+
+
+def _view(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
+    """``column`` as the same layout with other field names (never ``cast``: a struct cast
+    matches fields by name and fills the others with nulls, silently)."""
+    if column.type == to and str(column.type) == str(to):
+        return column
+    return pa.chunked_array([chunk.view(to) for chunk in column.chunks], to)
+
+
+def _physical(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with the table's columns named as its files name them (column mapping)."""
+    if not is_mapped(schema):
+        return rows
+    fields, columns = [], []
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
+        field = schema.field(name) if name in schema.names else rows.schema.field(name)
+        held = physical_field(field)
+        fields.append(held)
+        columns.append(_view(_cast(column, field.type), held.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _escape(name: str) -> str:

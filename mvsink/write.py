@@ -242,10 +242,12 @@ def stage(
                 ]
             if isinstance(plan.inserts, pa.Table):
                 rows, fps = clustered(plan.inserts, plan.insert_fps, cluster_by)
-                written += store.write(folder, rows, parts, max_rows_per_file, fps)
+                written += store.write(folder, rows, parts, max_rows_per_file, fps, schema=layout.arrow)
                 if changes_folder is not None:
                     inserted = with_change_type(rows, "insert")
-                    written += store.write(changes_folder, inserted, parts, max_rows_per_file)
+                    written += store.write(
+                        changes_folder, inserted, parts, max_rows_per_file, schema=layout.arrow
+                    )
             elif plan.inserts is not None:
                 written += write_frame(
                     plan.inserts,
@@ -395,7 +397,7 @@ def _write_kept(
     out: list[Written] = []
     if changes is not None and len(drop):
         deleted = with_change_type(rows.take(pa.array(drop)), "delete")
-        out = store.write(changes, deleted, layout.partition_by, max_rows_per_file)
+        out = store.write(changes, deleted, layout.partition_by, max_rows_per_file, schema=layout.arrow)
     if not keep.any():
         return _Kept(0, out)
     if vectors and rewrite.file.num_records is not None:
@@ -406,7 +408,10 @@ def _write_kept(
         fps = (rewrite.fps[0][keep], rewrite.fps[1][keep])
     elif hash_kept:
         fps = fingerprints(kept)
-    return _Kept(kept.num_rows, out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps))
+    return _Kept(
+        kept.num_rows,
+        out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps, schema=layout.arrow),
+    )
 
 
 def _mark(
@@ -648,11 +653,15 @@ class _TaskWriter:
         with in_task(f"writing under {self.folder}"):
             rows = pa.Table.from_batches(buffer).cast(self.schema)
             fps = fingerprints(rows) if self.index is not None else None
-            written = self.store.write(self.folder, rows, self.partition_by, self.max_rows_per_file, fps)
+            written = self.store.write(
+                self.folder, rows, self.partition_by, self.max_rows_per_file, fps, schema=self.schema
+            )
             _put_entries(self.index, written)
             if self.changes is not None:
                 inserted = with_change_type(rows, "insert")
-                written += self.store.write(self.changes, inserted, self.partition_by, self.max_rows_per_file)
+                written += self.store.write(
+                    self.changes, inserted, self.partition_by, self.max_rows_per_file, schema=self.schema
+                )
         return _report(written)
 
 
