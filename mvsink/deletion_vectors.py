@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +32,7 @@ import numpy.typing as npt
 from mvsink.errors import InvariantViolation
 
 if TYPE_CHECKING:
+    from mvsink.delta import NewFile
     from mvsink.storage import Store
 
 I64 = npt.NDArray[np.int64]
@@ -183,7 +184,11 @@ def _deserialize32(view: memoryview, at: int) -> tuple[npt.NDArray[np.uint32], i
                 (count,) = struct.unpack_from("<H", view, at)
                 pairs = np.frombuffer(view, "<u2", 2 * count, at + 2).reshape(count, 2).astype(np.uint32)
                 at += 2 + 4 * count
-                low = np.concatenate([np.arange(s, s + n + 1, dtype=np.uint32) for s, n in pairs.tolist()])
+                lengths = pairs[:, 1].astype(np.int64) + 1
+                offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+                    np.cumsum(lengths) - lengths, lengths
+                )
+                low = (np.repeat(pairs[:, 0].astype(np.int64), lengths) + offsets).astype(np.uint32)
             elif card_less_one < _ARRAY_MAX:
                 low = np.frombuffer(view, "<u2", card_less_one + 1, at).astype(np.uint32)
                 at += 2 * (card_less_one + 1)
@@ -240,6 +245,20 @@ def unique_id(descriptor: Mapping[str, Any] | None) -> str | None:
     base = f"{descriptor['storageType']}{descriptor['pathOrInlineDv']}"
     offset = descriptor.get("offset")
     return base if offset is None else f"{base}@{offset}"
+
+
+def vector_files(descriptors: Iterable[Mapping[str, Any] | None]) -> list[NewFile]:
+    """The files that hold on-disk ``descriptors`` (``u``), each with the size it must have at
+    least: what a commit referencing them needs in storage."""
+    from mvsink.delta import NewFile
+
+    sizes: dict[str, int] = {}
+    for d in descriptors:
+        if d and d["storageType"] == "u":
+            path = file_path(d)
+            end = int(d.get("offset") or 0) + 8 + int(d["sizeInBytes"])
+            sizes[path] = max(sizes.get(path, 0), end)
+    return [NewFile(path, size, 0, "") for path, size in sizes.items()]
 
 
 def read(store: Store, descriptor: Mapping[str, Any]) -> I64:

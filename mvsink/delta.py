@@ -286,11 +286,14 @@ def load_snapshot(
     _check_transaction_retention(meta.configuration, where)
     jvm = _engine(root, dt, features, engine, spark, where) if writing else None
     vectors: Mapping[str, Mapping[str, Any]] | None = {}
+    listed = None
     if "deletionVectors" in features:
         # delta-rs lists the files but not their deletion vectors: the session's Delta does.
         if jvm is None:
             jvm = _reader(spark)
-        vectors = None if jvm is None else jvm.deletion_vectors(root, dt.version())
+        if jvm is not None:
+            vectors, *totals = jvm.deletion_vectors(root, dt.version())
+            listed = tuple(totals)
     actions = pa.table(dt.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
@@ -298,10 +301,13 @@ def load_snapshot(
         _data_file(row, part_cols, None if vectors is None else vectors.get(row["path"]), where)
         for row in heads
     )
-    if vectors and len(vectors) != sum(1 for f in files if f.deletion_vector):
+    mine = (len(files), sum(f.size for f in files))
+    if listed is not None and (
+        len(vectors or {}) != sum(1 for f in files if f.deletion_vector) or listed != mine
+    ):
         raise InvariantViolation(
-            f"the session's Delta lists deletion vectors of files delta-rs does not list at version "
-            f"{dt.version()}",
+            f"the session's Delta and delta-rs list different files at version {dt.version()} "
+            f"(files and bytes: {listed} and {mine}, {len(vectors)} deletion vectors)",
             where,
         )
     stats = actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -146,21 +147,25 @@ class JvmDelta:
         snapshot = delta_log.getSnapshotAt(version, none, none, False)
         return DataFrame(snapshot.allFiles().toDF(), self._spark)
 
-    def deletion_vectors(self, root: str, version: int) -> dict[str, dict[str, Any]]:
+    def deletion_vectors(self, root: str, version: int) -> tuple[dict[str, dict[str, Any]], int, int]:
         """The deletion vector descriptors of the files of ``version`` that have one, by the
-        path the log lists (one Spark job, moved as Arrow)."""
+        path the log lists, with the version's number of files and their total size (to check
+        against another reader's listing); one Spark job, one row back."""
         from pyspark.sql import functions as F
 
-        files = self._files(root, version).where(F.col("deletionVector").isNotNull())
         dv = F.col("deletionVector")
-        table = files.select(
-            "path", F.to_json(F.struct(*(dv[f].alias(f) for f in _DV_FIELDS))).alias("dv")
-        ).toArrow()
-        return dict(
-            zip(
-                table.column("path").to_pylist(), map(json.loads, table.column("dv").to_pylist()), strict=True
+        vector = F.struct(*(dv[f].alias(f) for f in _DV_FIELDS))
+        found = (
+            self._files(root, version)
+            .agg(
+                F.collect_list(F.when(dv.isNotNull(), F.struct("path", F.to_json(vector).alias("dv")))),
+                F.count(F.lit(1)),
+                F.coalesce(F.sum("size"), F.lit(0)),
             )
+            .collect()[0]
         )
+        vectors = {row["path"]: json.loads(row["dv"]) for row in found[0]}
+        return vectors, int(found[1]), int(found[2])
 
     def add_actions(self, root: str, version: int, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The add actions (Delta-log JSON, the protocol's fields) of the files at ``paths`` in
@@ -320,18 +325,27 @@ def readd_action(
     else as it was (row ids included, so its other rows keep theirs), its statistics marked
     as no longer tight (they may describe rows the vector drops)."""
     again = {k: v for k, v in add.items() if v is not None}
-    stats = json.loads(again.get("stats") or "{}")
-    if "numRecords" not in stats:
+    text = str(again.get("stats") or "{}")
+    if "numRecords" not in json.loads(text):
         raise MVSinkError(
             f"{add['path']} has no row count in its statistics: no deletion vector can be added"
         )
-    stats["tightBounds"] = False
-    again.update(
-        deletionVector=dict(deletion_vector),
-        stats=json.dumps(stats, separators=(",", ":")),
-        dataChange=data_change,
-    )
+    again.update(deletionVector=dict(deletion_vector), stats=_wide(text), dataChange=data_change)
     return {"add": again}
+
+
+def _wide(stats: str) -> str:
+    """Statistics JSON marked ``tightBounds: false``, every other byte as it was (parsing and
+    printing it again would turn a 38-digit decimal bound into a float, and a bound that no
+    longer bounds makes readers skip the file)."""
+    marked, found = re.subn(r'"tightBounds"\s*:\s*(true|false)', '"tightBounds":false', stats)
+    if found:
+        return marked
+    body = stats.rstrip()
+    if not body.endswith("}"):
+        raise MVSinkError(f"statistics that are not a JSON object: {stats[:80]!r}")
+    inner = body[:-1].rstrip()
+    return inner + ("" if inner.endswith("{") else ",") + '"tightBounds":false}'
 
 
 def cdc_action(path: str, size: int, partition_values: Mapping[str, str | None]) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from mvsink.clock import transactions as clock_transactions
 from mvsink.complete import Complete
 from mvsink.config import SinkOptions
 from mvsink.context import DriverBudget, EpochContext
+from mvsink.deletion_vectors import vector_files
 from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
 from mvsink.errors import (
     CommitOutcomeUnknownError,
@@ -545,9 +546,11 @@ class _Epoch:
             )
 
     def _check_staged(self, staged: Staged) -> None:
-        """Every staged file is in storage, whole, before a commit may reference it."""
-        if staged.folder and staged.adds:
-            gone = self.ctx.store.missing(staged.folder, staged.adds)
+        """Every staged file (data, change and deletion-vector files) is in storage, whole,
+        before a commit may reference it."""
+        files = [*staged.adds, *staged.changes, *vector_files(f.deletion_vector for f in staged.updates)]
+        if staged.folder and files:
+            gone = self.ctx.store.missing(staged.folder, files)
             if gone:
                 raise InvariantViolation(
                     f"{len(gone)} staged file(s) are missing or changed before the commit (e.g. "

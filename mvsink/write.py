@@ -435,15 +435,17 @@ def _mark(
     file = rewrite.file
     assert file.num_records is not None
     before = read(store, file.deletion_vector) if file.deletion_vector else np.zeros(0, dtype=np.int64)
-    held = np.setdiff1d(np.arange(file.num_records + len(before), dtype=np.int64), before)
     last = int(rewrite.drop[-1]) if len(rewrite.drop) else -1
-    if len(held) != file.num_records or last >= len(held):
+    if last >= file.num_records:
         raise InvariantViolation(
-            f"{file.path}: its deletion vector leaves {len(held)} rows where the Delta log says "
-            f"{file.num_records}, and the plan drops up to row {last}",
+            f"{file.path}: the plan drops row {last} of the {file.num_records} its deletion vector leaves",
             where,
         )
-    (vector,) = write(store, folder, [np.union1d(before, held[rewrite.drop])])
+    # The k-th row the file holds is its Parquet row k + (rows the vector drops at or before it):
+    # ``gaps[i]`` is how many held rows come before the i-th dropped one.
+    gaps = before - np.arange(len(before), dtype=np.int64)
+    physical = rewrite.drop + np.searchsorted(gaps, rewrite.drop, side="right")
+    (vector,) = write(store, folder, [np.union1d(before, physical)])
     update = replace(file, deletion_vector=vector, num_records=file.num_records - len(rewrite.drop))
     keep = np.ones(file.num_records, dtype=bool)
     keep[rewrite.drop] = False
