@@ -141,7 +141,7 @@ def compact(
             log.info("%s: compaction lost a commit race; retrying in %.2fs", where, pause)
             time.sleep(pause)
             continue
-        index.forget(f.identity for f in removes)
+        index.forget(f.key for f in removes)
         return Compaction(target, name, version, len(removes), len(written), after, attempt)
     raise ConflictError(
         f"compaction lost the commit race {policy.max_attempts} times; nothing changed", where

@@ -164,12 +164,12 @@ class Complete:
     def committed(self, staged: Staged) -> None:
         """Keep the index equal to the new version's files (the snapshot's, less removes, plus
         ours) so the next epoch reads nothing back."""
-        removed = [f.identity for f in staged.removes]
-        self.index.forget(removed)
+        self.index.forget([f.identity for f in staged.removes])
         for path, entry in staged.entries.items():
             self.index.put(path, entry)
-        if self.stored is not None:
-            self.stored.forget(removed, wait=False)  # off the epoch's path
+        if self.stored is not None:  # the stored entries of files that left (off the epoch's path)
+            kept = {f.key for f in staged.updates}  # a new vector leaves the file's entry as it is
+            self.stored.forget([f.key for f in staged.removes if f.key not in kept], wait=False)
 
     def close(self) -> None:
         self._release_attempt()

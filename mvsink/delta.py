@@ -291,6 +291,7 @@ def load_snapshot(
         # delta-rs lists the files but not their deletion vectors: the session's Delta does.
         if jvm is None:
             jvm = _reader(spark)
+        vectors = None  # unknown without the session's Delta (``Snapshot.rows_known``)
         if jvm is not None:
             vectors, *totals = jvm.deletion_vectors(root, dt.version())
             listed = tuple(totals)
@@ -307,7 +308,7 @@ def load_snapshot(
     ):
         raise InvariantViolation(
             f"the session's Delta and delta-rs list different files at version {dt.version()} "
-            f"(files and bytes: {listed} and {mine}, {len(vectors)} deletion vectors)",
+            f"(files and bytes: {listed} and {mine}, {len(vectors or {})} deletion vectors)",
             where,
         )
     stats = actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))])

@@ -2,8 +2,10 @@
 
 Delta data files are immutable and their paths unique, so an entry, once computed, stays true
 for as long as the file is in the table; the index never needs invalidating, only extending.
-A file whose rows a deletion vector drops is another file for the index: entries are keyed by
-``DataFile.identity`` (the path and the vector's id), and hold the rows the vector keeps.
+An entry holds every row of its Parquet file, so a deletion vector never changes it: the rows
+the file's vector drops are dropped from the entry when it is used (``StoredIndex.get``), and
+on the driver ``PersistedIndex`` holds the result under ``DataFile.identity`` (the path and the
+vector's id).
 
 The index lives in storage (``StoredIndex``), one small Parquet file per data file under the
 table's hidden folder::
@@ -92,11 +94,11 @@ class StoredIndex:
         return f"{HIDDEN}/{self.view}/index"
 
     def path(self, key: str) -> str:
-        """Where the entry of the data file ``key`` (``DataFile.identity``) lives."""
+        """Where the entry of the data file at ``key`` (``DataFile.key``) lives."""
         return f"{self.root}/{self.digest}/{hashlib.sha256(key.encode()).hexdigest()[:32]}.parquet"
 
     def put(self, key: str, size: int, entry: FileEntry) -> None:
-        """Write the entry of the data file ``key`` (``DataFile.identity``, of ``size`` bytes)."""
+        """Write the entry of the data file at ``key`` (of ``size`` bytes): every row of it."""
         self._check_version()
         table = pa.table([pa.array(entry.a), pa.array(entry.b)], schema=_ENTRY_SCHEMA)
         table = table.replace_schema_metadata(
@@ -108,9 +110,10 @@ class StoredIndex:
         self.store.put(self.path(key), sink.getvalue())
 
     def get(self, file: DataFile) -> FileEntry | None:
-        """The stored entry of ``file``, if there is one and it describes this very file."""
+        """The stored entry of ``file``, if there is one and it describes this very file, less
+        the rows its deletion vector drops."""
         self._check_version()
-        data = self.store.get(self.path(file.identity))
+        data = self.store.get(self.path(file.key))
         if data is None:
             return None
         try:
@@ -121,14 +124,14 @@ class StoredIndex:
         except Exception as exc:  # a damaged entry is recomputed, never trusted
             log.warning("index entry of %s is unreadable (%s); recomputing it", file.key, exc)
             return None
-        rows = file.num_records
+        rows = None if file.num_records is None else file.num_records + file.deleted
         if (
-            meta.get("mvsink.file") != file.identity
+            meta.get("mvsink.file") != file.key
             or meta.get("mvsink.size") != str(file.size)
             or (rows is not None and rows != len(a))
         ):
             return None
-        return FileEntry(a, b)
+        return _held(self.store, file, FileEntry(a, b))
 
     def load(self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str]) -> tuple[FileEntry, bool]:
         """The entry of ``file``: stored, or computed by reading the file (then stored).
@@ -136,17 +139,16 @@ class StoredIndex:
         entry = self.get(file)
         if entry is not None:
             return entry, False
-        a, b = fingerprints(self.store.read(file, schema, partition_by))
+        a, b = fingerprints(self.store.read(file, schema, partition_by, every_row=True))
         entry = FileEntry(a, b)
-        if file.num_records is not None and file.num_records != len(entry):
-            raise InvariantViolation(
-                f"{file.path} holds {len(entry)} rows but the Delta log says {file.num_records}"
-            )
+        physical = None if file.num_records is None else file.num_records + file.deleted
+        if physical is not None and physical != len(entry):
+            raise InvariantViolation(f"{file.path} holds {len(entry)} rows but the Delta log says {physical}")
         try:
-            self.put(file.identity, file.size, entry)
+            self.put(file.key, file.size, entry)
         except Exception as exc:  # the entry is a cache: failing to store it loses no data
             log.warning("could not store the index entry of %s: %s", file.key, exc)
-        return entry, True
+        return _held(self.store, file, entry), True
 
     def forget(self, keys: Iterable[str], *, wait: bool = True) -> None:
         """Delete the entries of data files that left the table (best-effort); with
@@ -175,6 +177,14 @@ class StoredIndex:
         return len(stale)
 
 
+def _held(store: Store, file: DataFile, entry: FileEntry) -> FileEntry:
+    """The entry of the rows ``file`` holds: all of its Parquet file's, less its vector's."""
+    if not file.deletion_vector:
+        return entry
+    keep = store.alive(file, len(entry))
+    return FileEntry(entry.a[keep], entry.b[keep])
+
+
 class PersistedIndex:
     """The entries of the target's files held on the driver, keyed by their decoded path
     (``DataFile.identity``; the log lists paths percent-encoded, staged files are known by their
@@ -201,7 +211,7 @@ class PersistedIndex:
         self._calls += 1
         if (self._calls - 1) % SWEEP_EVERY:
             return
-        gone = stored.sweep(f.identity for f in snap.files)
+        gone = stored.sweep(f.key for f in snap.files)
         if gone:
             log.info("%s: swept %d index entries of files not in the table", where, gone)
 

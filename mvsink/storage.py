@@ -70,14 +70,16 @@ class Store:
     def fs(self) -> pafs.FileSystem:
         return _filesystem(self.root, tuple(sorted(self.options.items())))
 
-    def read(self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str]) -> pa.Table:
+    def read(
+        self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str], *, every_row: bool = False
+    ) -> pa.Table:
         """All rows of ``file`` in ``schema`` (the table's columns in order), partition columns
         filled in from the values the log gives the file, less those its deletion vector
-        drops."""
+        drops (unless ``every_row``: every row of the Parquet file)."""
         parts = set(partition_by)
         with self.fs.open_input_file(file.key) as fh:
             raw = pq.read_table(fh, columns=None)
-        if file.deletion_vector:
+        if file.deletion_vector and not every_row:
             raw = raw.filter(pa.array(self.alive(file, raw.num_rows)))
         stored = _by_name(raw.column_names, file.key)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {}

@@ -132,7 +132,7 @@ def _stale_entries(store: Store, snap: Snapshot) -> dict[str, int]:
     listed = store.listing(HIDDEN)
     views = {p.split("/")[1] for p in listed if p.count("/") >= 3 and p.split("/")[2] == "index"}
     indexes = [StoredIndex.of(store, v, arrow) for v in views]  # one layout digest per view
-    keep = {index.path(f.identity) for index in indexes for f in snap.files}
+    keep = {index.path(f.key) for index in indexes for f in snap.files}
     now = time.time()
     return {
         p: size

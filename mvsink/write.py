@@ -273,12 +273,13 @@ def stage(
                 for w in written:
                     if w.fp_a is not None and w.fp_b is not None:
                         entries[w.file.path] = FileEntry(w.fp_a, w.fp_b)
+                index = plan.index
+                list(pool.map(lambda p: index.put(p, sizes[p], entries[p]), entries))
+                # A file with a new vector keeps its stored entry (every row of its Parquet
+                # file); the driver's index holds what it now holds.
                 for u in updates:
                     if u.update is not None and u.entry is not None:
                         entries[u.update.identity] = u.entry
-                        sizes[u.update.identity] = u.update.size
-                index = plan.index
-                list(pool.map(lambda p: index.put(p, sizes[p], entries[p]), entries))
         total = sum(w.file.num_records for w in written) + sum(u.rows for u in updates)
         needed = None if plan.inserted is None else kept + plan.inserted
         if (needed is not None and total != needed) or total < kept:
@@ -362,7 +363,6 @@ def _write_kept(
     hash_kept: bool = False,
     changes: str | None = None,
     vectors: bool = False,
-    index: StoredIndex | None = None,
 ) -> _Kept:
     """Drop a rewritten file's rows at ``rewrite.drop``: write its kept rows as new files, or,
     with ``vectors``, mark the dropped rows in a new deletion vector of the file (``_mark``).
@@ -379,7 +379,7 @@ def _write_kept(
     if changes is None and (whole or (vectors and rewrite.file.num_records is not None)):
         if whole:
             return _Kept(0, [])
-        return _mark(store, folder, rewrite, layout, [], where, hash_kept=hash_kept, index=index)
+        return _mark(store, folder, rewrite, [], where)
     rows = rewrite.rows
     if rows is None:
         rows = store.read(rewrite.file, layout.arrow, layout.partition_by)
@@ -401,7 +401,7 @@ def _write_kept(
     if not keep.any():
         return _Kept(0, out)
     if vectors and rewrite.file.num_records is not None:
-        return _mark(store, folder, rewrite, layout, out, where, hash_kept=hash_kept, index=index, rows=rows)
+        return _mark(store, folder, rewrite, out, where)
     kept = rows.filter(pa.array(keep))
     fps = None
     if rewrite.fps is not None:
@@ -414,22 +414,13 @@ def _write_kept(
     )
 
 
-def _mark(
-    store: Store,
-    folder: str,
-    rewrite: Rewrite,
-    layout: Layout,
-    written: list[Written],
-    where: Where,
-    *,
-    hash_kept: bool,
-    index: StoredIndex | None,
-    rows: pa.Table | None = None,
-) -> _Kept:
+def _mark(store: Store, folder: str, rewrite: Rewrite, written: list[Written], where: Where) -> _Kept:
     """Drop a file's rows at ``rewrite.drop`` (positions among the rows it holds) with a
     deletion vector: its current vector plus those rows' positions in the Parquet file,
-    written under ``folder``. The file's bytes stay; the commit removes the file as it was and
-    adds it again with the new vector. Its index entry is the old one less the dropped rows."""
+    written under ``folder``. The file's bytes, and so its stored index entry, stay; the
+    commit removes the file as it was and adds it again with the new vector. With the rows'
+    fingerprints at hand (the driver's plan), the entry of the rows it now holds comes back
+    for the driver's index."""
     from mvsink.deletion_vectors import read, write
 
     file = rewrite.file
@@ -447,20 +438,11 @@ def _mark(
     physical = rewrite.drop + np.searchsorted(gaps, rewrite.drop, side="right")
     (vector,) = write(store, folder, [np.union1d(before, physical)])
     update = replace(file, deletion_vector=vector, num_records=file.num_records - len(rewrite.drop))
-    keep = np.ones(file.num_records, dtype=bool)
-    keep[rewrite.drop] = False
     entry = None
     if rewrite.fps is not None:
+        keep = np.ones(file.num_records, dtype=bool)
+        keep[rewrite.drop] = False
         entry = FileEntry(rewrite.fps[0][keep], rewrite.fps[1][keep])
-    elif hash_kept:
-        old = index.get(file) if index is not None else None
-        if old is not None:
-            entry = FileEntry(old.a[keep], old.b[keep])
-        else:
-            if rows is None:
-                rows = store.read(file, layout.arrow, layout.partition_by)
-            a, b = fingerprints(rows.filter(pa.array(keep)))
-            entry = FileEntry(a, b)
     return _Kept(update.num_records or 0, written, update, entry)
 
 
@@ -736,9 +718,6 @@ class _TaskRewriter:
                     hash_kept=self.index is not None,
                     changes=self.changes,
                     vectors=self.vectors,
-                    index=self.index,
                 )
                 _put_entries(self.index, _split_changes(self.folder, done.written)[0])
-                if self.index is not None and done.update is not None and done.entry is not None:
-                    self.index.put(done.update.identity, done.update.size, done.entry)
             yield _report(done.written, row["file_no"], done.update)

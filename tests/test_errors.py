@@ -68,6 +68,17 @@ def test_tables_with_deletion_vectors_or_column_mapping_are_refused(spark, targe
     assert info.value.target == target and info.value.epoch == 0
 
 
+def test_verify_refuses_a_table_with_deletion_vectors_it_cannot_read_exactly(spark, target):
+    """delta-rs lists a table's files but not their deletion vectors: without the session's
+    Delta, verify would count rows the table no longer holds, so it says why instead."""
+    from mvsink import verify
+
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())])
+    DeltaTable.create(target, schema, configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(UnsupportedTableError, match="deletion vectors, which mvsink reads through"):
+        verify(people(spark, range(3)), target)
+
+
 @pytest.mark.parametrize("feature", ["RowTracking", "DomainMetadata"])
 def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark, target, feature):
     """Spark makes such tables (delta.enableRowTracking, CLUSTER BY); delta-rs refuses to commit
