@@ -57,6 +57,9 @@ _DEFAULT_CHECKPOINT_INTERVAL = 100
 _REFUSED_FEATURES = {
     "deletionVectors": "deletion vectors",
     "columnMapping": "column mapping",
+    # UniForm: data files must also hold the partition columns, and nested field ids.
+    "icebergCompatV1": "Iceberg compatibility (UniForm)",
+    "icebergCompatV2": "Iceberg compatibility (UniForm)",
 }
 # ... of which the sink keeps these through the session's JVM Delta (``load_snapshot``).
 _KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors", "column mapping"})
@@ -311,7 +314,10 @@ def load_snapshot(
             f"(files and bytes: {listed} and {mine}, {len(vectors or {})} deletion vectors)",
             where,
         )
-    stats = actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))])
+    stats = _logical_stats(
+        actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))]),
+        dt.schema().to_json(),
+    )
     return Snapshot(
         root=root,
         version=dt.version(),
@@ -327,6 +333,22 @@ def load_snapshot(
         _table=dt,
         _jvm=jvm if writing else None,
     )
+
+
+def _logical_stats(stats: pa.Table, schema_json: str) -> pa.Table:
+    """Statistics columns (``min.<column>``, ``max.<column>``) named by the table's columns:
+    the log keys them by physical names (column mapping), which delta-rs passes through, and a
+    table may reuse a name another column has in its files (a rename, then an add)."""
+    logical = {physical: name for name, physical in physical_names(schema_json).items()}
+    if not logical:
+        return stats
+    names = []
+    for column in stats.column_names:
+        prefix, _, rest = column.partition(".")
+        head, dot, tail = rest.partition(".")
+        # A column without a physical name has no statistics the log could key by its name.
+        names.append(f"{prefix}.{logical[head]}{dot}{tail}" if head in logical else f"{prefix}.~{rest}")
+    return stats.rename_columns(names)
 
 
 def _data_file(

@@ -41,6 +41,7 @@ from mvsink.correction import I64, Fingerprints
 from mvsink.delta import DataFile, Snapshot
 from mvsink.errors import InvariantViolation, StorageError, Where
 from mvsink.fingerprint import FINGERPRINT_VERSION, fingerprints
+from mvsink.schema import is_mapped, physical_field
 from mvsink.storage import Store
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,11 @@ class StoredIndex:
     @staticmethod
     def of(store: Store, view: str, schema: pa.Schema) -> StoredIndex:
         text = f"{FINGERPRINT_VERSION}\n{schema.remove_metadata().to_string(show_field_metadata=False)}"
+        if is_mapped(schema):
+            # Which columns of the files hold each field: a column dropped and added again
+            # under column mapping has a new physical name, and old files none of its values.
+            held = pa.schema([physical_field(f) for f in schema])
+            text += f"\n{held.to_string(show_field_metadata=True)}"
         return StoredIndex(store, view, hashlib.sha256(text.encode()).hexdigest()[:16])
 
     def _check_version(self) -> None:

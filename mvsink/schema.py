@@ -304,6 +304,13 @@ def physical_name(field: pa.Field) -> str:
     return str(field.name)
 
 
+def field_id(field: pa.Field) -> str | None:
+    """``field``'s Parquet field id (column mapping's ``id``), if it has one."""
+    if field.metadata and _ARROW_FIELD_ID in field.metadata:
+        return str(field.metadata[_ARROW_FIELD_ID].decode())
+    return None
+
+
 def physical_field(field: pa.Field) -> pa.Field:
     """``field`` as the table's data files hold it: physical names all the way down, and field
     ids; the same type layout, so a column converts either way by a zero-copy ``view``."""

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from mvsink.delta import DataFile, NewFile, is_local, partition_string
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
-from mvsink.schema import is_mapped, physical_field, physical_name
+from mvsink.schema import field_id, is_mapped, physical_field, physical_name
 from mvsink.stats import metadata_stats
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,11 @@ class Store:
         if file.deletion_vector and not every_row:
             raw = raw.filter(pa.array(self.alive(file, raw.num_rows)))
         stored = _by_name(raw.column_names, file.key)
+        ids = _by_field_id(raw.schema)
         columns: dict[str, pa.Array | pa.ChunkedArray] = {}
         for f in schema:
-            name = physical_name(f).lower()  # the column's name in files (column mapping)
+            # The column's name in files (column mapping), or the column with its field id.
+            name = ids.get(field_id(f) or "", physical_name(f)).lower()
             if f.name in parts:
                 columns[f.name] = partition_array(file.partition_values.get(f.name), f.type, raw.num_rows)
             elif name in stored:
@@ -437,6 +439,16 @@ def _by_name(names: Sequence[str], path: str) -> dict[str, str]:
         if name.lower() in out:
             raise InvariantViolation(f"data file {path} holds columns {out[name.lower()]!r} and {name!r}")
         out[name.lower()] = name
+    return out
+
+
+def _by_field_id(schema: pa.Schema) -> dict[str, str]:
+    """A file's top-level columns by their Parquet field id, where it has them."""
+    out = {}
+    for f in schema:
+        found = field_id(f)
+        if found:
+            out[found] = f.name
     return out
 
 

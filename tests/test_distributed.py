@@ -27,7 +27,7 @@ from mvsink.storage import wait_for_cleanup
 from mvsink.verify import verify
 from tests.helpers import assert_equal_to, live_files, target_table
 
-ROWS = 1_500_000  # 16 bytes of fingerprint a row: 24 MB, three times the 8 MB result limit
+ROWS = 1_000_000  # 16 bytes of fingerprint a row: 16 MB, twice the 8 MB result limit
 
 
 def view(spark: SparkSession, epoch: int, n: int = ROWS) -> DataFrame:
@@ -74,7 +74,7 @@ def stored_index(target: str, name: str) -> tuple[StoredIndex, list]:  # type: i
 
 def test_a_view_bigger_than_the_result_limit_stays_exact_over_epochs(spark, local_target):
     sink = MVSink(local_target, "big", placement="distributed", max_rows_per_file=200_000)
-    for epoch in range(4):
+    for epoch in range(3):
         report = sink(view(spark, epoch), epoch)
         assert report.outcome == "committed"
         ids, values = held(local_target)
@@ -86,7 +86,7 @@ def test_a_view_bigger_than_the_result_limit_stays_exact_over_epochs(spark, loca
     # The driver path cannot even bring this view's rows in under the same limit.
     standby = MVSink(local_target, "big", placement="driver", read_only=True)
     with pytest.raises(Exception, match="maxResultSize"):
-        standby(view(spark, 4), 4)
+        standby(view(spark, 3), 3)
 
 
 def test_a_restart_reads_the_index_not_the_table(spark, local_target, placement):

@@ -890,6 +890,33 @@ def test_a_column_mapped_table_is_written_by_its_physical_names(spark, tmp_path,
         assert spark_rows(spark, target, version, cols) == want, f"version {version}"
     nulls = spark.read.format("delta").load(target).where("label IS NULL OR st.c IS NULL").count()
     assert nulls == 0
+    # The log keys statistics by physical names; pruning asks by the table's (an upsert would
+    # skip the file holding a key if it read another column's bounds, or none).
+    from mvsink.delta import load_snapshot
+    from mvsink.errors import Where
+    from mvsink.schema import arrow_schema, target_struct
+
+    snap = load_snapshot(target, "mvsink:v", {}, Where(), writing=False, spark=spark)
+    bounds = snap.bounds("id")
+    assert bounds is not None and snap.schema_json is not None
+    id_field = arrow_schema(target_struct(snap.schema_json)).field("id")  # with its physical name
+    for file, lo, hi in zip(snap.files, *bounds, strict=True):
+        ids = store(target).read(file, pa.schema([id_field]), ()).column("id").to_pylist()
+        assert lo.as_py() <= min(ids) and max(ids) <= hi.as_py(), file.path
+
+
+def test_a_uniform_table_is_refused_before_staging(spark, tmp_path):
+    """Iceberg compatibility (UniForm) wants partition values and nested field ids in every
+    data file, which mvsink does not write: refused, the folder as it was."""
+    target = str(tmp_path / "uniform")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta "
+        "TBLPROPERTIES ('delta.columnMapping.mode' = 'name', 'delta.enableIcebergCompatV2' = 'true')"
+    )
+    files = store(target).files("")
+    with pytest.raises(UnsupportedTableError, match="UniForm"):
+        MVSink(target, "v")(spark.sql("SELECT id, 'x' AS name FROM range(3)"), 0)
+    assert store(target).files("") == files
 
 
 def test_a_vector_keeps_the_files_exact_bounds_and_a_vacuumed_vector_is_never_committed(spark, tmp_path):
