@@ -140,7 +140,7 @@ def expected_after(mode: str, epoch: int) -> Counter:
     ids=["s3-complete", "local-upsert"],
 )
 def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
-    epochs = 6
+    epochs = 5
     go = str(tmp_path / "go")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
