@@ -163,7 +163,12 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
             f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten; {phases}"
         )
         print(f"{line}  ({detail})", flush=True)
-    summary = {
+    return {"args": vars(args), "summary": steady_state(results), "epochs": results}
+
+
+def steady_state(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per writer, the median seconds and MB written of epochs 1..N (epoch 0 is the load)."""
+    return {
         name: {
             "median_s": statistics.median(r["s"] for r in rows[1:]),
             "median_MB": statistics.median(r["bytes"] for r in rows[1:]) / 1e6,
@@ -171,7 +176,6 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
         for name, rows in results.items()
         if len(rows) > 1
     }
-    return {"args": vars(args), "summary": summary, "epochs": results}
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from complete_mode import desired
+from complete_mode import desired, steady_state
 from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import MVSink
@@ -138,14 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             print(f"epoch {epoch}: {line}", flush=True)
         size = table_bytes(paths["mvsink-dv"])
-        summary = {
-            name: {
-                "median_s": statistics.median(r["s"] for r in rows[1:]),
-                "median_MB": statistics.median(r["bytes"] for r in rows[1:]) / 1e6,
-            }
-            for name, rows in results.items()
-            if len(rows) > 1
-        }
+        summary = steady_state(results)
         return {"args": vars(args), "table_MB": size / 1e6, "summary": summary, "epochs": results}
     finally:
         spark.stop()
