@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and Java 17+ needed):
 #   make demo   creates .venv, installs mvsink, runs the embedded default job
-#   make test   creates .venv (and .venv-delta, PySpark 4.2 for the JVM Delta interop line),
-#               installs mvsink with its dev tools, runs the whole test suite, then the interop line
+#   make test   creates .venv (and .venv-delta, PySpark 4.2 for the JVM Delta line), installs
+#               mvsink with its dev tools, runs the whole test suite, then the Delta line
+#               (tests/interop, and the behaviour suites on the delta-spark engine)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-# The interop line: mvsink beside the JVM Delta runtime Spark users run (delta-spark 4.4, which
+# The Delta line: mvsink beside the JVM Delta runtime Spark users run (delta-spark 4.4, which
 # needs PySpark 4.2.x), in a virtualenv of its own. Its jars: MVSINK_DELTA_JARS (here, the ones
 # built from source beside the repository); without them its tests are skipped with the reason.
 DELTA_VENV := .venv-delta
@@ -41,7 +42,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
-	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q tests/interop
+	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check mvsink tests bench

@@ -527,6 +527,7 @@ def _engine(
         )
     try:
         jvm = JvmDelta(spark)
+        jvm.check_store(root)
         if dt is not None:
             jvm.check_table(root, dt.version(), str(dt.metadata().id), features)
         return jvm

@@ -37,6 +37,7 @@ COMMIT_CONF = "spark.databricks.delta.maxCommitAttempts"
 COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits")
 """Table features (prefixes) whose commits do not simply land in ``_delta_log``."""
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+VACUUM_RETAIN_IGNORED_CONF = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 
 
 class Unavailable(MVSinkError):
@@ -101,14 +102,27 @@ class JvmDelta:
         """Refuse, before anything is staged, a table this engine must not commit to: one the
         JVM does not see as delta-rs does (another store, another table, an older version),
         one whose commits go through a catalog or coordinator (delta-rs reads only the
-        ``_delta_log`` folder, so it would plan on a stale version), or one on a store where
-        the session's Delta cannot commit strictly across writers."""
+        ``_delta_log`` folder, so it would plan on a stale version). The store: ``check_store``."""
         routed = sorted(f for f in features if f.startswith(COMMIT_ROUTING_FEATURES))
         if routed:
             raise Unavailable(
                 f"the table's commits go through a catalog or commit coordinator ({', '.join(routed)}), "
                 "which mvsink's reading of the Delta log does not follow"
             )
+        none = self._jvm.scala.Option.empty()
+        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
+        snapshot = delta_log.update(False, none, none)
+        seen, seen_id = int(snapshot.version()), str(snapshot.metadata().id())
+        if seen < version or seen_id != table_id:
+            raise Unavailable(
+                f"the session's Delta sees another table at {jvm_path(root)} (version {seen}, id "
+                f"{seen_id}) than mvsink reads (version {version}, id {table_id}): check that both "
+                "reach the same store"
+            )
+
+    def check_store(self, root: str) -> None:
+        """Refuse a store where the session's Delta cannot commit strictly across writers (also
+        for a table not made yet: delta-rs makes it, and the next epoch would be refused)."""
         scheme = root.split("://", 1)[0] if "://" in root else "file"
         if scheme in ("s3", "s3a", "s3n"):
             conf = self._jspark.conf()
@@ -126,16 +140,6 @@ class JvmDelta:
                     "can both 'win' (no conditional put): configure S3DynamoDBLogStore "
                     f"(spark.delta.logStore.{scheme}.impl) to commit through the JVM Delta on S3"
                 )
-        none = self._jvm.scala.Option.empty()
-        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
-        snapshot = delta_log.update(False, none, none)
-        seen, seen_id = int(snapshot.version()), str(snapshot.metadata().id())
-        if seen < version or seen_id != table_id:
-            raise Unavailable(
-                f"the session's Delta sees another table at {jvm_path(root)} (version {seen}, id "
-                f"{seen_id}) than mvsink reads (version {version}, id {table_id}): check that both "
-                "reach the same store"
-            )
 
     def _files(self, root: str, version: int) -> Any:
         """The add actions of the table at ``root`` as of ``version``: a PySpark DataFrame over
@@ -239,8 +243,13 @@ class JvmDelta:
         table = jvm_path(root).replace("`", "``")
         retain = "" if retention_hours is None else f" RETAIN {int(retention_hours)} HOURS"
         statement = f"VACUUM delta.`{table}`{retain}{' DRY RUN' if dry_run else ''}"
+        # Delta 4.x ignores RETAIN unless it is 0 and keeps the table's own retention instead,
+        # which is shorter than a longer one asked for: a cloned session makes it honour RETAIN
+        # (and so also apply its own check that RETAIN is not below the table's).
+        session = self._jspark.cloneSession()
+        session.conf().set(VACUUM_RETAIN_IGNORED_CONF, "false")
         try:
-            rows = self._jspark.sql(statement).collectAsList()
+            rows = session.sql(statement).collectAsList()
         except Exception as exc:
             raise Refused(f"Delta's VACUUM refused: {first_line(exc)}") from None
         if not dry_run:

@@ -82,8 +82,10 @@ def vacuum(
     try:
         _refuse_nested_tables(store, where)
         if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
-            found = snap._jvm.vacuum(snap.root, retention_hours, dry_run=True)
-            sizes = store.sizes(found)
+            listed = snap._jvm.vacuum(snap.root, retention_hours, dry_run=True)
+            sizes = store.sizes(listed)
+            # Its dry run also lists folders, which it deletes only if empty: not data files.
+            found = [p for p in listed if p in sizes]
             if apply:
                 snap._jvm.vacuum(snap.root, retention_hours, dry_run=False)
             data = found  # what the dry run listed: Delta's VACUUM reports no list

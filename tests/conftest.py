@@ -1,6 +1,12 @@
 """Real components for the whole suite, each started once: a local SparkSession, an
 S3-compatible server (moto) on 127.0.0.1, and a Spark Connect server in a subprocess.
 
+The suite runs in two lines (``make test`` runs both). The main line: the newest PySpark, no
+JVM Delta, every table committed by delta-rs. The Delta line (``MVSINK_INTEROP=1``, in
+``.venv-delta``): the session carries the JVM Delta runtime Spark users run, ``tests/interop``
+runs, and every behaviour suite that asks for the ``engine`` fixture runs again with its
+commits forced through the ``delta-spark`` engine.
+
 ``target`` runs a test on local disk and on S3. One S3 server's endpoint and keys are put in
 the environment before Spark starts (delta-rs and the I/O layer read ``AWS_*`` from it, in
 the driver and in Spark's Python workers), so a test's ``MVSink(target, ...)`` works unchanged
@@ -22,15 +28,16 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+import mvsink.delta
 from mvsink.session import DEFAULTS, local_session
+from tests.delta_session import DELTA_LINE, delta_conf
 from tests.s3server import BUCKET, free_port, moto_server, stop, wait_for_port
 
 _HERE = Path(__file__).resolve().parent
 MAX_RESULT_SIZE = "8m"
 
-# tests/interop runs against the JVM Delta runtime, in a Spark of its own (another virtualenv:
-# `make test` runs it second): only when asked.
-collect_ignore = [] if os.environ.get("MVSINK_INTEROP") else ["interop"]
+# tests/interop runs against the JVM Delta runtime, in the Delta line only.
+collect_ignore = [] if DELTA_LINE else ["interop"]
 
 
 @pytest.fixture(params=["driver", "distributed"])
@@ -39,14 +46,59 @@ def placement(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What commits to the target: a behaviour suite asks for this fixture (``pytestmark``) to
+    run on both engines. ``delta-spark`` turns every ``engine="auto"`` into the session's JVM
+    Delta, for the sink and the operations alike; an engine named explicitly stays as named.
+    Each line runs the engine it has (``pytest_collection_modifyitems``)."""
+    if request.param == "delta-spark":
+        chosen = mvsink.delta._engine
+
+        def forced(
+            root: str, dt: object, features: frozenset[str], engine: str, spark: object, where: object
+        ) -> object:
+            return chosen(root, dt, features, "delta-spark" if engine == "auto" else engine, spark, where)
+
+        monkeypatch.setattr(mvsink.delta, "_engine", forced)
+    return str(request.param)
+
+
+def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
+    """Whether this line runs ``item``. The main line runs everything on delta-rs. The Delta
+    line runs tests/interop, and the behaviour suites on delta-spark:
+    - on local disk (the session's Delta reaches S3 through Hadoop's S3A, whose jars these
+      machines do not have; tests/interop covers the refusal of its single-driver S3 commits);
+    - in classic sessions (under Spark Connect the engine is refused by design);
+    - in the driver placement, but for tests/test_distributed.py, the placement's own suite
+      (the engine commits what either placement staged, through one path);
+    - not tests marked ``single_engine``."""
+    if not DELTA_LINE:
+        return chosen.get("engine") != "delta-spark"
+    module = item.nodeid.split("::")[0]
+    if "interop" in module:
+        return True
+    return (
+        chosen.get("engine") == "delta-spark"
+        and chosen.get("target") != "s3"
+        and not {"connect", "s3_options", "s3_target"} & set(getattr(item, "fixturenames", ()))
+        and (chosen.get("placement") != "distributed" or module.endswith("test_distributed.py"))
+        and item.get_closest_marker("single_engine") is None
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the distributed placement on local disk only, to keep the suite short: the store
     is the I/O layer's business, and tests/test_distributed.py runs that placement on S3.
-    Likewise the two-process race runs on S3 in complete mode only."""
+    Likewise the two-process race runs on S3 in complete mode only. Then each line keeps its
+    own engine (``_line_runs``)."""
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         chosen = params.params if params else {}
+        if not _line_runs(item, chosen):
+            drop.append(item)
+            continue
         on_s3 = chosen.get("target") == "s3"
         # The two-process race is the store's business in one mode (complete) only.
         slow = on_s3 and item.originalname == "test_two_processes_racing_on_the_same_epochs"
@@ -62,13 +114,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def spark(s3_env: dict[str, str]) -> Iterator[SparkSession]:
+def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     # After s3_env: Spark's Python workers inherit the environment the JVM starts with.
     # A small result limit for the whole suite: the distributed path must never need more
     # (tests/test_distributed.py pushes views whose fingerprints are several times this).
-    session = local_session(
-        "mvsink-tests", conf={"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
-    )
+    conf = {"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
+    if DELTA_LINE:
+        conf.update(delta_conf(tmp_path_factory.mktemp("warehouse")))
+    session = local_session("mvsink-tests", conf=conf)
     yield session
     session.stop()
 

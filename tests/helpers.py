@@ -81,7 +81,7 @@ def spark_read_listed(spark: SparkSession, target: str) -> DataFrame:
     parts = dt.metadata().partition_columns
     data_schema = StructType([f for f in schema.fields if f.name not in parts])
     frames = []
-    copies = tempfile.mkdtemp(prefix="mvsink-listed-")
+    copies = "" if is_local(target) else tempfile.mkdtemp(prefix="mvsink-listed-")
     for i, action in enumerate(pa.table(dt.get_add_actions(flatten=False)).to_pylist()):
         path = unquote(action["path"])
         if is_local(target):
@@ -114,7 +114,11 @@ def removed(target: str, version: int) -> list[str]:
 
 
 def commit_info(target: str, version: int) -> dict[str, Any]:
-    return next(a["commitInfo"] for a in log_entry(target, version) if "commitInfo" in a)
+    """A version's commitInfo with mvsink's properties at its top level: delta-rs writes them
+    there, the JVM engine into its ``tags`` (as ``mvsink.delta.history`` reads them)."""
+    info = next(a["commitInfo"] for a in log_entry(target, version) if "commitInfo" in a)
+    tags = info.get("tags") or {}
+    return {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **info}
 
 
 def versions(target: str) -> list[int]:

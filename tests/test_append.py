@@ -9,6 +9,9 @@ import pytest
 from mvsink import LineageError, MVSink, frontier
 from tests.helpers import multiset, once, target_table, versions
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 SCHEMA = "id long, v string"
 
 

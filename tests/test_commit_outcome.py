@@ -26,6 +26,9 @@ from tests.helpers import (
 )
 from tests.test_sink import people
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
 
 
@@ -34,8 +37,13 @@ def referenced_files_exist(target: str) -> bool:
 
 
 def test_a_checkpoint_that_fails_after_the_commit_leaves_the_commit_and_its_files(
-    spark, local_target, caplog
+    spark, local_target, caplog, engine
 ):
+    if engine == "delta-spark":
+        pytest.skip(
+            "the JVM writes its own checkpoints in a post-commit hook, whose failure it logs (or, "
+            "set to throw, is the lost reply test_a_commit_call_that_fails_after_landing covers)"
+        )
     target = local_target  # the checkpoint is made to fail by a folder in its place on disk
     sink = MVSink(target, "ckpt")
     for epoch in range(3):

@@ -19,6 +19,9 @@ from mvsink.write import Layout
 from tests.helpers import assert_equal_to, commit_info, live_files, log_entry, once, versions
 from tests.test_sink import people
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 
 def grow(spark, sink, epochs: int) -> None:
     """Epoch e holds ids 0..5e+4: each epoch inserts five rows, as a small file."""

@@ -14,9 +14,11 @@ from deltalake import DeltaTable
 
 from mvsink import MVSink, RetriesExhaustedError, frontier
 from mvsink.delta import foreign_append
+from tests.delta_session import delta_conf
 from tests.helpers import (
     added,
     assert_equal_to,
+    commit_info,
     data_files_on_disk,
     live_files,
     multiset,
@@ -26,6 +28,9 @@ from tests.helpers import (
     versions,
 )
 from tests.test_sink import people
+
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
 
 RETRY_FAST = {"initial_backoff_s": 0.0, "max_attempts": 3}
 
@@ -107,10 +112,13 @@ sys.path.insert(0, os.getcwd())
 from mvsink.session import local_session
 from mvsink import MVSink
 target, go, epochs, mode, placement = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-spark = local_session("race", conf={"spark.driver.memory": "1g"})
+engine, conf = sys.argv[6], json.loads(sys.argv[7])
+spark = local_session("race", conf={"spark.driver.memory": "1g", **conf})
 keys = {"key": ["id"]} if mode == "upsert" else {}
 retry = {"initial_backoff_s": 0.01, "max_attempts": 50}
-sink = MVSink(target, "race", mode=mode, max_rows_per_file=4, retry=retry, **keys, placement=placement)
+sink = MVSink(
+    target, "race", mode=mode, max_rows_per_file=4, retry=retry, **keys, placement=placement, engine=engine
+)
 rows = [[(i, f"e{e}-{i % 3}") for i in range(e, e + 12)] for e in range(epochs)]
 frames = [spark.createDataFrame(r, "id long, v string") for r in rows]
 for f in frames:
@@ -139,16 +147,19 @@ def expected_after(mode: str, epoch: int) -> Counter:
     indirect=["target"],
     ids=["s3-complete", "local-upsert"],
 )
-def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
+def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode, engine):
     epochs = 5
     go = str(tmp_path / "go")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    # Each process is a replica with a session of its own: the engine is named, not forced.
+    conf = delta_conf(tmp_path / "warehouse") if engine == "delta-spark" else {}
+    named = engine if engine == "delta-spark" else "auto"
     procs = [
         subprocess.Popen(
             # One replica plans on the driver, the other in Spark: they must agree.
-            [sys.executable, str(script), target, go, str(epochs), mode, placement],
+            [sys.executable, str(script), target, go, str(epochs), mode, placement, named, json.dumps(conf)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -174,4 +185,6 @@ def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode):
     committed = sorted(e for r in results for e, (outcome, _) in enumerate(r) if outcome == "committed")
     assert len(committed) == len(set(committed))
     assert data_files_on_disk(target) == {p for v in versions(target) for p in added(target, v)}
+    if engine == "delta-spark":  # after delta-rs made the table, every commit was the JVM's
+        assert all("Delta-Lake/" in commit_info(target, v)["engineInfo"] for v in versions(target)[1:])
     print("race attempts:", results)

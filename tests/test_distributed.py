@@ -27,6 +27,9 @@ from mvsink.storage import wait_for_cleanup
 from mvsink.verify import verify
 from tests.helpers import assert_equal_to, live_files, target_table
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 ROWS = 1_000_000  # 16 bytes of fingerprint a row: 16 MB, twice the 8 MB result limit
 
 
@@ -226,6 +229,7 @@ def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
     )
 
 
+@pytest.mark.single_engine  # the placement's choice; the engine commits a handful of files
 @pytest.mark.parametrize("mode", ["complete", "upsert"])
 def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_target, mode, caplog):
     """A 10-row target and a 20 MB batch: the driver path cannot collect it under the suite's

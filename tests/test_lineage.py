@@ -12,6 +12,9 @@ from mvsink import LineageError, MVSink, frontier
 from tests.helpers import assert_equal_to, commit_info, multiset, target_table, versions
 from tests.test_streaming import expected, write_orders
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 SCHEMA = "product string, amount long"
 
 

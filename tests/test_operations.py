@@ -9,6 +9,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
@@ -21,6 +22,9 @@ from mvsink.verify import verify
 from tests.helpers import assert_equal_to, once, removed, versions
 from tests.test_sink import foreign_append, people
 from tests.test_streaming import expected, write_orders
+
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
 
 
 def test_status_reads_frontier_last_commit_lag_races_and_files(spark, target, capsys):
@@ -214,6 +218,20 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
     # A retention below the table's is refused, and nothing is deleted.
     assert main(["vacuum", local_target, "--retention-hours", "1", "--apply"]) == 2
     assert "refused" in capsys.readouterr().err and os.path.exists(in_flight)
+
+
+def test_vacuum_keeps_what_a_retention_longer_than_the_tables_keeps(spark, local_target, capsys):
+    """Delta 4.x's own VACUUM ignores RETAIN unless it is 0, keeping the table's (shorter)
+    retention instead: a longer retention asked for is honoured on either engine."""
+    MVSink(local_target, "people")(people(spark, range(5)), 0)
+    crashed = os.path.join(local_target, "mvsink-people-e7-0123456789ab", "part-0.parquet")
+    os.makedirs(os.path.dirname(crashed))
+    pq.write_table(pa.table({"id": [1]}), crashed)
+    _age(crashed, 10)  # older than the table's 7 days, younger than the 30 days asked for
+    assert vacuum(local_target, retention_hours=30 * 24).data_files == ()
+    assert main(["vacuum", local_target, "--retention-hours", str(30 * 24), "--apply"]) == 0
+    assert "deleted 0 data file(s)" in capsys.readouterr().out and os.path.exists(crashed)
+    assert vacuum(local_target).data_files == ("mvsink-people-e7-0123456789ab/part-0.parquet",)
 
 
 def test_vacuum_refuses_a_table_that_holds_another_table(spark, local_target, capsys):

@@ -22,6 +22,9 @@ from tests.helpers import (
     versions,
 )
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 AWKWARD = ["plain", "with space", "é ü 東京", "a/b", "k=v", "50%", "x:y", "q?#[]{}*", None]
 
 

@@ -12,6 +12,9 @@ from mvsink.errors import ConfigError, Where
 from mvsink.sink import promote_on
 from tests.helpers import assert_equal_to, versions
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 SCHEMA = "id long, v string"
 
 

@@ -12,6 +12,9 @@ from mvsink import DuplicateKeyError, InputError, MVSink, frontier
 from mvsink.delta import foreign_append, foreign_delete
 from tests.helpers import added, exists, live_files, multiset, once, removed, target_table, versions
 
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
 SCHEMA = "id long, name string, amount double"
 WITH_DELETE = "id long, name string, amount double, gone boolean"
 WITH_SEQ = "id long, name string, seq long"

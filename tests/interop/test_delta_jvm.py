@@ -128,6 +128,25 @@ def test_the_delta_rs_engine_refuses_such_a_table_before_staging(spark, tmp_path
     assert store(target).files("") == files  # the folder exactly as it was
 
 
+def test_the_sessions_delta_is_refused_on_s3_without_a_log_store_that_commits_strictly(spark):
+    """The JVM's default S3 log store lets two writers both 'win' a version: the engine is
+    refused before anything is staged, for a table not made yet as for one that exists."""
+    import uuid
+
+    from tests.s3server import BUCKET
+
+    target = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+    for epoch in range(2):  # no table yet; then a table delta-rs made
+        with pytest.raises(UnsupportedTableError, match="S3DynamoDBLogStore") as info:
+            MVSink(target, "v", engine="delta-spark")(view(spark, range(0, 8)), epoch)
+        assert "nothing was staged" in str(info.value)
+        if epoch == 0:
+            assert store(target).files("") == []  # nothing written
+            MVSink(target, "v")(view(spark, range(0, 4)), 0)
+            files = sorted(store(target).files(""))
+    assert sorted(store(target).files("")) == files
+
+
 @FEATURES
 def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl):
     """engine='auto' commits through the JVM Delta where delta-rs cannot: exact at every
@@ -472,10 +491,10 @@ def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path
     import subprocess
     import sys
 
-    from tests.interop.conftest import _delta_conf
+    from tests.delta_session import delta_conf
 
     conf = {
-        **_delta_conf(tmp_path / "warehouse"),
+        **delta_conf(tmp_path / "warehouse"),
         "spark.sql.catalogImplementation": "hive",
         "spark.hadoop.javax.jdo.option.ConnectionURL": (
             f"jdbc:derby:;databaseName={tmp_path}/metastore;create=true"
@@ -533,7 +552,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
 
     from mvsink import frontier, promote, status, vacuum
     from mvsink.compact import compact
-    from tests.interop.conftest import _delta_conf
+    from tests.delta_session import delta_conf
 
     cols = ["id", "name", "x", "day", "amount", "at"]
     target = str(tmp_path / "clustered")
@@ -558,7 +577,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     cli = [sys.executable, "-m", "mvsink.cli"]
-    conf = [f"--conf={k}={v}" for k, v in _delta_conf(tmp_path / "warehouse").items()]
+    conf = [f"--conf={k}={v}" for k, v in delta_conf(tmp_path / "warehouse").items()]
     bare = subprocess.run(
         [*cli, "compact", target, "--name", "v"], capture_output=True, text=True, env=env, timeout=300
     )
