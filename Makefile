@@ -1,8 +1,9 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and Java 17+ needed):
 #   make demo   creates .venv, installs mvsink, runs the embedded default job
-#   make test   creates .venv (and .venv-delta, PySpark 4.2 for the JVM Delta line), installs
-#               mvsink with its dev tools, runs the whole test suite, then the Delta line
-#               (tests/interop, and the behaviour suites on the delta-spark engine)
+#   make test   creates .venv (and .venv-spark35, PySpark 3.5; .venv-delta, PySpark 4.2 for the
+#               JVM Delta line), installs mvsink with its dev tools, runs the whole test suite on
+#               the newest PySpark, again on 3.5, then the Delta line (tests/interop, and the
+#               behaviour suites on the delta-spark engine)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -37,11 +38,24 @@ $(DELTA_STAMP): pyproject.toml
 	$(DELTA_VENV)/bin/pip install --quiet -e '.[dev,interop]' 'pyspark[sql]==4.2.0'
 	@touch $(DELTA_STAMP)
 
+# The Spark 3.5 line: the behaviour suite again on the newest PySpark 3.5 (most production Spark
+# runs it), in a virtualenv of its own. PySpark 3.5 needs numpy < 2, and so pandas < 3 and
+# pyarrow < 26 (pyarrow 26 needs numpy 2, without saying so in its metadata).
+SPARK35_VENV := .venv-spark35
+SPARK35_STAMP := $(SPARK35_VENV)/.mvsink-installed
+
+$(SPARK35_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SPARK35_VENV)
+	$(SPARK35_VENV)/bin/pip install --quiet --upgrade pip
+	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev]' 'pyspark[sql,connect]==3.5.9' 'pandas<3' 'pyarrow<26'
+	@touch $(SPARK35_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/mvsink run
 
-test: $(STAMP) $(DELTA_STAMP)
+test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
+	$(SPARK35_VENV)/bin/python -m pytest -q
 	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
@@ -52,4 +66,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/complete_mode.py
 
 clean:
-	rm -rf $(VENV) $(DELTA_VENV) data .pytest_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(DELTA_VENV) data .pytest_cache

@@ -34,6 +34,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
+from mvsink.compat import to_arrow
 from mvsink.session import local_session
 
 
@@ -129,7 +130,7 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
             }
         )
         t = time.perf_counter()
-        arrow = df.toArrow()
+        arrow = to_arrow(df)
         collect = time.perf_counter() - t
         t = time.perf_counter()
         write_deltalake(over, arrow, mode="overwrite", storage_options=opts)

@@ -26,6 +26,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
+from mvsink.compat import to_arrow
 from mvsink.session import local_session
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"initial load: mvsink {time.perf_counter() - t:.1f}s", flush=True)
         t = time.perf_counter()
         # About as many rows a file as mvsink's (13 bytes a row, compressed), ordered by id.
-        write_deltalake(merged, base.toArrow(), target_file_size=args.file_rows * 13)
+        write_deltalake(merged, to_arrow(base), target_file_size=args.file_rows * 13)
         print(f"initial load: merge table {time.perf_counter() - t:.1f}s (from Spark via Arrow)", flush=True)
         for epoch in range(1, args.epochs + 1):
             change = changes(args.rows, args.changes, args.pattern, epoch, rng)

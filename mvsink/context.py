@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from mvsink.compat import to_arrow
 from mvsink.config import SinkOptions
 from mvsink.delta import Snapshot
 from mvsink.errors import Where
@@ -122,7 +123,7 @@ class EpochContext:
         complete mode (where a batch is the whole view) every later one too. A default
         configuration never dies of the driver's result limit."""
         try:
-            table = rows.toArrow()
+            table = to_arrow(rows)
         except Exception as exc:
             if self.opts.placement != "auto" or "maxResultSize" not in str(exc):
                 raise

@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from mvsink.compat import to_arrow
 from mvsink.delta import Snapshot
 from mvsink.errors import InvariantViolation
 from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
@@ -115,7 +116,7 @@ def mismatched_entries(spark: Any, snap: Snapshot, index: StoredIndex, layout: L
     found = file_frame(spark, snap.files).mapInArrow(
         _EntryChecker(index, layout.arrow, snap.partition_by), schema
     )
-    return sorted(r["path"] for r in found.toArrow().to_pylist())
+    return sorted(r["path"] for r in to_arrow(found).to_pylist())
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import MVSinkError, first_line
 
 TESTED = ("4.4.",)
@@ -182,10 +183,10 @@ class JvmDelta:
         import pyarrow as pa
 
         # From Arrow: a DataFrame built from Python rows costs seconds at ten thousand files.
-        wanted = self._spark.createDataFrame(pa.table({"path": sorted(set(paths))}), "path string")
+        wanted = from_arrow(self._spark, pa.table({"path": sorted(set(paths))}), "path string")
         files = self._files(root, version).join(wanted, "path", "left_semi")
         present = [c for c in _ADD_FIELDS if c in files.columns]
-        table = files.select(F.to_json(F.struct(*present)).alias("add")).toArrow()
+        table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
         found = [json.loads(text) for text in table.column("add").to_pylist()]
         return {add["path"]: add for add in found}
 

@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -33,6 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from mvsink.compat import to_arrow_schema
 from mvsink.errors import InputError, SchemaMismatchError, Where
 
 _PRIMITIVES = (
@@ -229,7 +229,7 @@ def arrow_schema(struct: StructType) -> pa.Schema:
     the types Spark exchanges with Arrow (timestamps in microseconds, UTC). On a table with
     column mapping each field (nested ones too) carries its physical name and field id in its
     Arrow metadata, which the I/O layer reads and writes files by (``physical_field``)."""
-    arrow = to_arrow_schema(struct, timezone="UTC")
+    arrow = to_arrow_schema(struct)
     if not any(_mapped(f) for f in struct.fields):
         return arrow
     return pa.schema([_with_mapping(a, f) for a, f in zip(arrow, struct.fields, strict=True)])

@@ -47,8 +47,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import LongType, StructField, StructType
+
+from mvsink.compat import PYTHON_DATA_SOURCES, SPARK_LINE
+
+if PYTHON_DATA_SOURCES:
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+else:  # Spark 3.5: the module imports, and ``register`` says why there is no source
+
+    class DataSource:  # type: ignore[no-redef]
+        pass
+
+    class DataSourceStreamReader:  # type: ignore[no-redef]
+        pass
+
+    class InputPartition:  # type: ignore[no-redef]
+        pass
+
 
 try:  # Spark 4.2+: read limits and availableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -65,7 +80,7 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 
 from mvsink.changes import Mask, exact_change
 from mvsink.delta import DataFile, check_features, table_root
-from mvsink.errors import InputError, Where
+from mvsink.errors import ConfigError, InputError, Where
 from mvsink.fingerprint import I64, fingerprints
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store
@@ -82,7 +97,14 @@ MAX_REWRITE_BUCKETS = 16
 
 
 def register(spark: Any) -> None:
-    """Make ``spark.readStream.format("mvsink-delta")`` available in this session."""
+    """Make ``spark.readStream.format("mvsink-delta")`` available in this session (Spark 4.0+)."""
+    if not PYTHON_DATA_SOURCES:
+        raise ConfigError(
+            f"format('{NAME}') is a Python data source, which Spark runs from 4.0 on; this is "
+            f"PySpark {'.'.join(map(str, SPARK_LINE))}. On Spark 3.5 read a Delta table with Delta's "
+            "own source (delta-spark in the session) or a file source: clock='source_offsets' "
+            "works with those too (docs/replicas.md)"
+        )
     spark.dataSource.register(DeltaVersions)
 
 

@@ -42,6 +42,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from mvsink.compat import to_arrow
 from mvsink.context import EpochContext
 from mvsink.correction import I64
 from mvsink.delta import Snapshot
@@ -238,7 +239,7 @@ class Upsert:
         keys = [F.col(quote(k)) for k in spec.key]
         winners_raw = self.ranked.where(F.col(_RN) == 1)
         with ctx.phase("prune"):
-            ranges = _key_ranges(winners_raw, snap, spec).toArrow()
+            ranges = to_arrow(_key_ranges(winners_raw, snap, spec))
             ctx.batch_ran = True
             numbers = files_in_ranges(snap, ranges, spec.key)
         ctx.files_read += len(numbers)

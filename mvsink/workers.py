@@ -26,6 +26,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
+from mvsink.compat import to_arrow
 from mvsink.errors import ConfigError, Where, first_line
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def check_workers(spark: SparkSession, where: Where) -> None:
             where,
         ) from None
     try:
-        row = probe.toArrow().to_pylist()[0]
+        row = to_arrow(probe).to_pylist()[0]
     except Exception as exc:
         raise ConfigError(
             f"Spark's Python workers ({_worker_python(spark)}) cannot run mvsink's tasks: "

@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from mvsink.compat import from_arrow, to_arrow
 from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
 from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where, first_line
@@ -485,7 +486,7 @@ def file_frame(spark: Any, files: Sequence[DataFile], numbers: Sequence[int] | N
             "deletion_vector": pa.array([_vector_json(files[i]) for i in picked], pa.string()),
         }
     )
-    frame: DataFrame = spark.createDataFrame(table, FILE_COLUMNS)
+    frame: DataFrame = from_arrow(spark, table, FILE_COLUMNS)
     # Spread the files over tasks: a few files per task, at least one task per core.
     parallelism = max(2, int(spark.conf.get("spark.sql.shuffle.partitions", "2")))
     slices = max(1, min(len(picked), max(parallelism * 4, min(len(picked) // 8, parallelism * 64))))
@@ -560,7 +561,7 @@ def write_frame(
         rows = rows.sortWithinPartitions(*order)
     task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes)
     try:
-        table = rows.mapInArrow(task, _FILES).toArrow()
+        table = to_arrow(rows.mapInArrow(task, _FILES))
     except Exception as exc:
         raise_task_errors(exc, where)
         raise
@@ -668,7 +669,7 @@ def rewrite_frame(
     entries written by the tasks)."""
     task = _TaskRewriter(store, folder, layout, max_rows_per_file, index, changes, vectors)
     try:
-        table = rewrites.frame.mapInArrow(task, _FILES).toArrow()
+        table = to_arrow(rewrites.frame.mapInArrow(task, _FILES))
     except Exception as exc:
         raise_task_errors(exc, where)
         raise

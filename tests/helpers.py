@@ -15,6 +15,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from mvsink.compat import to_arrow
 from mvsink.delta import is_local, table_root
 from mvsink.storage import Store
 
@@ -56,7 +57,7 @@ def target_table(target: str, version: int | None = None) -> pa.Table:
 
 
 def desired_multiset(df: DataFrame, columns: list[str]) -> Counter[Any]:
-    return multiset(df.toArrow(), columns)
+    return multiset(to_arrow(df), columns)
 
 
 def assert_equal_to(target: str, desired: DataFrame, version: int | None = None) -> None:

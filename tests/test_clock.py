@@ -11,11 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from mvsink import ConfigError, LineageError, MVSink, status
+from mvsink.compat import to_arrow
 from tests.helpers import commit_info, multiset, target_table, versions
 
 SCHEMA = "id long, v string"
@@ -43,7 +45,7 @@ def test_only_an_epoch_ahead_of_the_committed_time_commits(spark, local_target):
         "x": 6,
         "y": 1,
     }
-    assert multiset(target_table(local_target)) == multiset(later.toArrow())
+    assert multiset(target_table(local_target)) == multiset(to_arrow(later))
 
 
 def test_source_offsets_needs_a_checkpoint_and_append_mode_refuses_shared_clocks(local_target):
@@ -87,6 +89,7 @@ def desired_at(source: str, version: int) -> Counter:
     return Counter((v, len(ids), sum(ids)) for v, ids in groups.items())
 
 
+@pytest.mark.spark4("the replicas read mvsink-delta, a Python data source")
 def test_replicas_with_their_own_checkpoints_share_the_source_clock(spark, tmp_path, local_target):
     replicas = 2
     source = str(tmp_path / "source")
@@ -347,3 +350,51 @@ def test_a_callable_clock_may_not_use_the_names_mvsink_keeps(spark, local_target
     sink = MVSink(local_target, "v", clock=lambda df, epoch: {"names": 3})
     with pytest.raises(ConfigError, match="mvsink keeps that name"):
         sink(spark.createDataFrame([(1, "a")], SCHEMA), 0)
+
+
+def test_source_offsets_keep_a_query_on_the_file_source_exact_across_restarts(spark, tmp_path, local_target):
+    """The clock works with the sources every Spark line ships: the file source (whose
+    ``logOffset`` numbers batches per query, so it is a clock for one query and its
+    restarts, not for replicas with checkpoints of their own)."""
+    from pyspark.sql import functions as F
+
+    folder, ckpt = tmp_path / "in", str(tmp_path / "ckpt")
+    folder.mkdir()
+    written: list[tuple[int, str]] = []
+
+    def land(i: int) -> None:
+        rows = [(i * 10 + k, f"g{(i + k) % 3}") for k in range(4)]
+        written.extend(rows)
+        table = pa.table({"id": [r[0] for r in rows], "v": [r[1] for r in rows]})
+        pq.write_table(table, str(folder / f"part-{i}.parquet"))
+
+    def run() -> MVSink:
+        rows = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
+        view = rows.groupBy("v").agg(F.count(F.lit(1)).alias("n"), F.sum("id").alias("total"))
+        sink = MVSink(local_target, "files", clock="source_offsets", checkpoint=ckpt)
+        query = (
+            view.writeStream.outputMode("complete")
+            .foreachBatch(sink)
+            .option("checkpointLocation", ckpt)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+        return sink
+
+    def expected() -> Counter:
+        groups: dict[str, list[int]] = {}
+        for i, v in written:
+            groups.setdefault(v, []).append(i)
+        return Counter((v, len(ids), sum(ids)) for v, ids in groups.items())
+
+    for i in range(2):
+        land(i)
+    assert [r.outcome for r in run().reports] == ["committed", "committed"]
+    assert multiset(target_table(local_target)) == expected()
+    land(2)  # the query restarted from its checkpoint reads on from its own offsets
+    assert [r.outcome for r in run().reports] == ["committed"]
+    assert multiset(target_table(local_target)) == expected()
+    times = [json.loads(commit_info(local_target, v)["mvsink.time"]) for v in versions(local_target)]
+    assert [t["0.logOffset"] for t in times] == [0, 1, 2]

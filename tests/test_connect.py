@@ -10,6 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from mvsink import DuplicateKeyError, MVSink, frontier
+from mvsink.compat import to_arrow
 from tests.helpers import assert_equal_to, multiset, target_table, versions
 from tests.test_sink import foreign_append
 from tests.test_streaming import expected, run_available, write_orders
@@ -48,7 +49,7 @@ def test_upsert_and_append_under_connect(connect, target, placement):
     up(connect.createDataFrame([(1, "a", False), (2, "b", False)], schema), 0)
     up(connect.createDataFrame([(2, "B", False), (1, None, True), (3, "c", False)], schema), 1)
     assert multiset(target_table(target)) == multiset(
-        connect.createDataFrame([(2, "B"), (3, "c")], "id long, name string").toArrow()
+        to_arrow(connect.createDataFrame([(2, "B"), (3, "c")], "id long, name string"))
     )
     with pytest.raises(DuplicateKeyError):
         up(connect.createDataFrame([(5, "x", False), (5, "y", False)], schema), 2)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mvsink.compat import to_arrow
 from mvsink.fingerprint import fingerprints
 from mvsink.schema import arrow_schema, target_schema_json, target_struct
 
@@ -132,7 +133,7 @@ def test_rows_read_from_a_spark_written_file_hash_like_rows_collected_from_spark
         (F.col("id") * 1.5).cast("decimal(12,2)").alias("dec"),
     )
     schema = arrow_schema(target_struct(target_schema_json(df.schema)))
-    collected = df.toArrow().cast(schema)
+    collected = to_arrow(df).cast(schema)
     spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # a foreign writer's choice
     try:
         df.coalesce(1).write.parquet(str(tmp_path / "spark"))

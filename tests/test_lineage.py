@@ -9,6 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from mvsink import LineageError, MVSink, frontier
+from mvsink.compat import to_arrow
 from tests.helpers import assert_equal_to, commit_info, multiset, target_table, versions
 from tests.test_streaming import expected, write_orders
 
@@ -104,7 +105,7 @@ def test_direct_lineages_take_over_and_are_fenced(spark, local_target):
     with pytest.raises(LineageError, match="new lineage") as info:
         MVSink(local_target + "-up", "u", mode="upsert", key=["id"], lineage="green")(other, 0)
     assert info.value.view == "u" and info.value.epoch == 0
-    assert multiset(target_table(local_target + "-up")) == multiset(df.toArrow())
+    assert multiset(target_table(local_target + "-up")) == multiset(to_arrow(df))
 
 
 def test_a_read_only_new_lineage_commits_nothing(spark, local_target):

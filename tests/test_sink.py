@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import mvsink
 from mvsink import MVSink, frontier
+from mvsink.compat import to_arrow
 from tests.helpers import (
     added,
     assert_equal_to,
@@ -150,7 +151,7 @@ def test_rogue_inserts_deletes_and_duplicates_are_repaired_next_epoch(spark, tar
     foreign_append(target, [{"id": 999, "name": "rogue", "x": 1.0}])
     foreign_append(target, [{"id": 7, "name": "n7", "x": 3.5}] * 2)  # duplicates of a real row
     DeltaTable(target).delete("id = 3 OR id = 12")
-    assert multiset(target_table(target)) != multiset(desired.toArrow())
+    assert multiset(target_table(target)) != multiset(to_arrow(desired))
     report = sink(desired, 1)
     assert report.outcome == "committed"
     assert (report.inserted, report.retracted) == (2, 3)
@@ -202,8 +203,8 @@ def test_spark_reads_the_listed_files_as_desired(spark, target):
     desired = people(spark, range(30))
     sink(desired, 0)
     sink(people(spark, range(10, 40)), 1)
-    got = multiset(spark_read_listed(spark, target).toArrow())
-    assert got == multiset(people(spark, range(10, 40)).toArrow())
+    got = multiset(to_arrow(spark_read_listed(spark, target)))
+    assert got == multiset(to_arrow(people(spark, range(10, 40))))
 
 
 def test_public_api_is_pinned():

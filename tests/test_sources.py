@@ -13,13 +13,15 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from mvsink import MVSink
+from mvsink import ConfigError, MVSink
 from mvsink.changes import exact_change
+from mvsink.compat import PYTHON_DATA_SOURCES, to_arrow
 from mvsink.fingerprint import fingerprints
 from mvsink.sources import register
 from tests.helpers import multiset, removed, target_table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SPARK4 = pytest.mark.spark4("mvsink-delta is a Python data source")
 
 
 def append(target: str, ids: range, tag: str) -> None:
@@ -44,6 +46,7 @@ def drain(spark, target: str, ckpt: str, **options: str) -> list[list[tuple[int,
     return [b for b in batches if b]
 
 
+@SPARK4
 def test_appends_are_read_once_in_version_order_across_restarts(spark, tmp_path, target):
     ckpt = str(tmp_path / "ckpt")
     append(target, range(0, 3), "a")
@@ -60,6 +63,7 @@ def test_appends_are_read_once_in_version_order_across_restarts(spark, tmp_path,
     assert everything == Counter([(i, t) for i, t in zip(range(6), "aaabbc", strict=True)])
 
 
+@SPARK4
 def test_a_version_that_deletes_rows_stops_the_stream_with_a_clear_error(spark, tmp_path, local_target):
     append(local_target, range(0, 4), "a")
     DeltaTable(local_target).delete("id = 1")
@@ -67,6 +71,7 @@ def test_a_version_that_deletes_rows_stops_the_stream_with_a_clear_error(spark, 
         drain(spark, local_target, str(tmp_path / "ckpt"))
 
 
+@SPARK4
 def test_a_schema_change_stops_the_stream_with_a_clear_error(spark, tmp_path, local_target):
     append(local_target, range(0, 2), "a")
     wider = pa.table({"id": [5], "v": ["b"], "extra": [1.5]})
@@ -85,7 +90,7 @@ def feed(spark, target: str, ckpt: str, **options: str) -> list[pa.Table]:
     reader = spark.readStream.format("mvsink-delta").option("path", target).option("mode", "changes")
     for k, v in options.items():
         reader = reader.option(k, v)
-    query = reader.load().writeStream.foreachBatch(lambda df, _: batches.append(df.toArrow()))
+    query = reader.load().writeStream.foreachBatch(lambda df, _: batches.append(to_arrow(df)))
     run = query.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     run.awaitTermination(300)
     assert run.exception() is None, run.exception()
@@ -115,6 +120,7 @@ def signed(
     return multiset(sel, list(columns))
 
 
+@SPARK4
 def test_the_change_feed_of_a_view_is_exact_per_version_and_sums_to_the_view(spark, tmp_path, local_target):
     sink = MVSink(local_target, "feed", max_rows_per_file=8)
     for epoch in range(10):
@@ -152,6 +158,7 @@ def test_the_change_feed_of_a_view_is_exact_per_version_and_sums_to_the_view(spa
     )
 
 
+@SPARK4
 def test_a_large_rewrite_is_cancelled_in_buckets_exactly(spark, tmp_path, local_target):
     """Above ``rewriteRowsPerTask`` rows, a version's rewrite is split by fingerprint
     into tasks that each hold a share of the fingerprints; equal rows share a bucket, so the
@@ -176,6 +183,7 @@ def test_a_large_rewrite_is_cancelled_in_buckets_exactly(spark, tmp_path, local_
         feed(spark, local_target, str(tmp_path / "bad"), rewriteRowsPerTask="lots")
 
 
+@SPARK4
 def test_the_change_feed_names_a_vacuumed_file_and_a_column_clash(spark, tmp_path, local_target):
     sink = MVSink(local_target, "feed", max_rows_per_file=8)
     sink(view_at(spark, 0), 0)
@@ -203,6 +211,7 @@ def test_exact_change_cancels_equal_rows_as_multisets():
     assert [m.tolist() for side in exact_change([same], [same]) for m in side] == [[False, False]] * 2
 
 
+@SPARK4
 def test_a_table_that_turns_on_deletion_vectors_mid_stream_stops_it(spark, tmp_path, local_target):
     append(local_target, range(0, 2), "a")
     register(spark)
@@ -226,6 +235,7 @@ def test_a_table_that_turns_on_deletion_vectors_mid_stream_stops_it(spark, tmp_p
     assert seen[0] == 2
 
 
+@SPARK4
 def test_the_change_feed_of_a_partitioned_view_is_exact_per_version(spark, tmp_path, local_target):
     sink = MVSink(local_target, "feed", max_rows_per_file=8, partition_by=["g"])
     for epoch in range(4):
@@ -236,3 +246,16 @@ def test_the_change_feed_of_a_partitioned_view_is_exact_per_version(spark, tmp_p
         before = multiset(target_table(local_target, v - 1), cols) if v else Counter()
         after = multiset(target_table(local_target, v), cols)
         assert signed(rows, v, +1, cols) == after - before and signed(rows, v, -1, cols) == before - after
+
+
+def test_the_source_registers_from_spark_4_on_and_is_refused_clearly_before(spark, tmp_path):
+    if PYTHON_DATA_SOURCES:
+        source = str(tmp_path / "source")
+        append(source, range(3), "a")
+        register(spark)
+        stream = spark.readStream.format("mvsink-delta").option("path", source).load()
+        assert stream.isStreaming and stream.columns == ["id", "v"]
+    else:
+        with pytest.raises(ConfigError, match=r"Spark runs from 4\.0 on; this is PySpark 3\.5") as info:
+            register(spark)
+        assert "clock='source_offsets' works with those too" in str(info.value)

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 from mvsink import MVSink, StorageError, frontier
+from mvsink.compat import to_arrow
 from tests.helpers import multiset
 from tests.s3server import BUCKET, free_port
 from tests.test_sink import people
@@ -31,14 +32,14 @@ def test_every_mode_works_with_storage_options_alone(spark, s3_target, s3_option
     desired = people(spark, [*range(5, 20), 40])
     report = sink(desired, 1)  # driver-side rewrites
     assert (report.inserted, report.retracted) == (1, 5)
-    assert multiset(rows(target, s3_options)) == multiset(desired.toArrow(), ["id", "name", "x"])
+    assert multiset(rows(target, s3_options)) == multiset(to_arrow(desired), ["id", "name", "x"])
     # Another writer's rows are repaired by the next epoch.
     schema = DeltaTable(target, storage_options=s3_options).schema().to_arrow()
     rogue = pa.Table.from_pylist([{"id": 999, "name": "n9", "x": 1.0}], schema=pa.schema(schema))
     write_deltalake(target, rogue, mode="append", storage_options=s3_options)
     again = sink(desired, 2)
     assert again.retracted == 1 and again.files_read >= 1
-    assert multiset(rows(target, s3_options)) == multiset(desired.toArrow(), ["id", "name", "x"])
+    assert multiset(rows(target, s3_options)) == multiset(to_arrow(desired), ["id", "name", "x"])
     assert frontier(target, "opts", s3_options) == 3
 
     up = MVSink(s3_target + "-upsert", "up", mode="upsert", key=["id"], storage_options=s3_options)

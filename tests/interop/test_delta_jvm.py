@@ -20,6 +20,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import ConfigError, MVSink, UnsupportedTableError
+from mvsink.compat import to_arrow
 from mvsink.storage import wait_for_cleanup
 from tests.helpers import added, data_files_on_disk, live_files, multiset, store, target_table, versions
 
@@ -62,7 +63,7 @@ def spark_rows(
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    table = reader.load(target).toArrow()
+    table = to_arrow(reader.load(target))
     return multiset(table, cols or ["id", "name", "x", "day", "amount", "at"])
 
 
@@ -82,7 +83,7 @@ def test_spark_reads_every_version_of_a_partitioned_view_of_every_type(spark, tm
     for version in versions(target):
         want = multiset(target_table(target, version), cols)
         assert spark_rows(spark, target, version, cols) == want, f"version {version}"
-    assert spark_rows(spark, target, None, cols) == multiset(wide(spark, range(0, 12), "1").toArrow(), cols)
+    assert spark_rows(spark, target, None, cols) == multiset(to_arrow(wide(spark, range(0, 12), "1")), cols)
 
 
 def test_deltas_own_dml_between_epochs_is_repaired(spark, tmp_path):
@@ -90,7 +91,7 @@ def test_deltas_own_dml_between_epochs_is_repaired(spark, tmp_path):
     desired = view(spark, range(0, 20))
     sink = MVSink(target, "v", max_rows_per_file=6)
     sink(desired, 0)
-    want = multiset(desired.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+    want = multiset(to_arrow(desired), ["id", "name", "x", "day", "amount", "at"])
     spark.sql(f"DELETE FROM delta.`{target}` WHERE id IN (1, 7)")
     spark.sql(f"UPDATE delta.`{target}` SET name = 'changed' WHERE id = 3")
     view(spark, range(100, 102)).createOrReplaceTempView("incoming")
@@ -167,14 +168,14 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
             spark.sql(f"UPDATE delta.`{target}` SET name = 'changed' WHERE id = 12")
         report = sink(view(spark, ids, tag), epoch)
         assert report.outcome == "committed"
-        wanted[report.version] = multiset(view(spark, ids, tag).toArrow(), cols)
+        wanted[report.version] = multiset(to_arrow(view(spark, ids, tag)), cols)
         assert spark_rows(spark, target) == wanted[report.version]
     assert (report.retracted, report.inserted) == (1, 3)  # the repair of Delta's DML
     assert sink(view(spark, range(0, 3)), 2).outcome == "replay"  # the frontier, as a txn
     sink._before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
     report = sink(view(spark, range(6, 25), tag="b"), 3)
     assert report.outcome == "committed" and report.attempts == 2
-    wanted[report.version] = multiset(view(spark, range(6, 25), tag="b").toArrow(), cols)
+    wanted[report.version] = multiset(to_arrow(view(spark, range(6, 25), tag="b")), cols)
     for version, want in wanted.items():
         assert spark_rows(spark, target, version) == want, f"version {version}"
     history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
@@ -193,7 +194,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     sink._after_commit_call = once(lost_reply)
     report = sink(view(spark, range(6, 27), tag="b"), 4)
     assert report.outcome == "committed" and report.attempts == 1
-    assert spark_rows(spark, target) == multiset(view(spark, range(6, 27), tag="b").toArrow(), cols)
+    assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(6, 27), tag="b")), cols)
     # Staged files of the attempt that lost to OPTIMIZE are gone; every referenced file is there.
     wait_for_cleanup()
     referenced = {p for v in versions(target) for p in added(target, v)}
@@ -203,7 +204,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
         # rows get new ones (remove + add). Compaction, which would renumber rows while
         # saying no data changed, is refused: Delta's OPTIMIZE keeps them.
         def row_ids() -> dict[Any, int]:
-            table = spark.read.format("delta").load(target).select("id", "_metadata.row_id").toArrow()
+            table = to_arrow(spark.read.format("delta").load(target).select("id", "_metadata.row_id"))
             return dict(zip(table.column("id").to_pylist(), table.column("row_id").to_pylist(), strict=True))
 
         before = row_ids()
@@ -258,15 +259,15 @@ def test_a_catalog_table_is_addressed_by_name(spark, tmp_path, monkeypatch):
         desired = view(spark, range(0, 12))
         sink = MVSink("default.revenue", "revenue")
         assert sink(desired, 0).outcome == "committed"
-        want = multiset(desired.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        want = multiset(to_arrow(desired), ["id", "name", "x", "day", "amount", "at"])
         assert (
-            multiset(spark.table("default.revenue").toArrow(), ["id", "name", "x", "day", "amount", "at"])
+            multiset(to_arrow(spark.table("default.revenue")), ["id", "name", "x", "day", "amount", "at"])
             == want
         )
         again = view(spark, range(3, 14))
         assert MVSink("`spark_catalog`.`default`.`revenue`", "revenue")(again, 1).outcome == "committed"
-        got = multiset(spark.table("default.revenue").toArrow(), ["id", "name", "x", "day", "amount", "at"])
-        assert got == multiset(again.toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        got = multiset(to_arrow(spark.table("default.revenue")), ["id", "name", "x", "day", "amount", "at"])
+        assert got == multiset(to_arrow(again), ["id", "name", "x", "day", "amount", "at"])
         assert sink.frontier() == 2
         assert os.listdir(tmp_path) == []  # nothing made from the name in the working directory
         assert sink.target != "default.revenue" and os.path.isdir(os.path.join(sink.target, "_delta_log"))
@@ -310,7 +311,7 @@ def test_deltas_optimize_inside_an_epochs_commit_window_leaves_every_version_exa
         want = multiset(target_table(target, version), ["id", "name", "x", "day", "amount", "at"])
         assert spark_rows(spark, target, version) == want, f"version {version}"
     assert spark_rows(spark, target) == multiset(
-        view(spark, range(4, 33), tag="c").toArrow(), ["id", "name", "x", "day", "amount", "at"]
+        to_arrow(view(spark, range(4, 33), tag="c")), ["id", "name", "x", "day", "amount", "at"]
     )
 
 
@@ -336,10 +337,10 @@ def test_deltas_vacuum_with_no_retention_inside_the_commit_window(spark, tmp_pat
         with pytest.raises(InvariantViolation, match="staged file"):
             sink(view(spark, range(5, 31), tag="d"), 2)
         assert sink.frontier() == frontier  # nothing committed (the versions after are VACUUM's own)
-        assert spark_rows(spark, target) == multiset(view(spark, range(2, 30), tag="b").toArrow(), cols)
+        assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(2, 30), tag="b")), cols)
         assert data() < before  # it did delete the files version 1 removed
         assert sink(view(spark, range(5, 31), tag="d"), 2).outcome == "committed"
-        assert spark_rows(spark, target) == multiset(view(spark, range(5, 31), tag="d").toArrow(), cols)
+        assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(5, 31), tag="d")), cols)
         assert all(os.path.exists(os.path.join(target, p)) for p in live_files(target))
     finally:
         spark.conf.unset(check)
@@ -408,7 +409,7 @@ def test_the_operations_take_a_catalog_tables_name(spark, tmp_path, monkeypatch,
         assert main(["verify", "default.rev", "--name", "rev", "--sql", view_sql(range(0, 10))]) == 0
         assert main(["frontier", "default.rev", "rev"]) == 0
         assert capsys.readouterr().out.splitlines()[-1] == "3"
-        rows = multiset(spark.table("default.rev").toArrow(), ["id", "name", "x", "day", "amount", "at"])
+        rows = multiset(to_arrow(spark.table("default.rev")), ["id", "name", "x", "day", "amount", "at"])
         assert rows == spark_rows(spark, location) and sum(rows.values()) == 10
         assert os.listdir(tmp_path) == ["job.toml"]  # nothing made from the name
     finally:
@@ -419,7 +420,7 @@ def drain(stream: DataFrame, checkpoint: str) -> pa.Table:
     """Every row a streaming reader yields until it has read all there is (availableNow)."""
     batches: list[pa.Table] = []
     query = (
-        stream.writeStream.foreachBatch(lambda df, _: batches.append(df.toArrow()))
+        stream.writeStream.foreachBatch(lambda df, _: batches.append(to_arrow(df)))
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()
@@ -439,7 +440,7 @@ def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change
 
     target = str(tmp_path / "view")
     cols = ["id", "name", "x", "day", "amount", "at"]
-    rows = lambda df: multiset(df.toArrow(), cols)  # noqa: E731
+    rows = lambda df: multiset(to_arrow(df), cols)  # noqa: E731
     sink = MVSink(target, "v", max_rows_per_file=5, heartbeat=0)
     sink(view(spark, range(0, 10)), 0)
     sink(view(spark, range(0, 15)), 1)  # inserts only: a pure append
@@ -564,7 +565,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
     done = compact(target, "v", max_rows_per_file=40)
     assert done.version is not None and done.files_removed > 1
     assert promote(target, "v", "green") == done.version + 1
-    assert spark_rows(spark, target) == multiset(view(spark, range(2, 14)).toArrow(), cols)
+    assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(2, 14))), cols)
     no_retention = "('delta.deletedFileRetentionDuration' = 'interval 0 hours')"
     spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES {no_retention}")
     dry = vacuum(target)
@@ -572,7 +573,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
     assert not set(dry.data_files) & live_files(target)  # only files the table no longer holds
     applied = vacuum(target, apply=True)
     assert applied.applied and not any(os.path.exists(os.path.join(target, p)) for p in dry.data_files)
-    assert spark_rows(spark, target) == multiset(view(spark, range(2, 14)).toArrow(), cols)
+    assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(2, 14))), cols)
     assert frontier(target, "v") == 3
 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -590,7 +591,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
     assert ran.returncode == 0 and "compacted" in ran.stdout, (ran.returncode, ran.stdout, ran.stderr[-3000:])
     history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
     assert history[-1]["userMetadata"].startswith("mvsink compact view v")
-    assert spark_rows(spark, target) == multiset(view(spark, range(3, 15)).toArrow(), cols)
+    assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(3, 15))), cols)
 
 
 def feed_by_version(spark: SparkSession, target: str, cols: list[str]) -> dict[int, dict[str, Counter[Any]]]:
@@ -600,7 +601,7 @@ def feed_by_version(spark: SparkSession, target: str, cols: list[str]) -> dict[i
         spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(target)
     )
     out: dict[int, dict[str, Counter[Any]]] = {}
-    table = feed.toArrow()
+    table = to_arrow(feed)
     for version in set(table.column("_commit_version").to_pylist()):
         part = table.filter(pc.equal(table.column("_commit_version"), version))
         out[version] = {
@@ -645,7 +646,7 @@ def test_change_data_feed_holds_exactly_what_each_commit_retracts_and_inserts(sp
             spark.sql(f"OPTIMIZE delta.`{target}`").collect()  # dataChange = false: no feed
         report = sink(df, epoch)
         assert report.outcome == "committed"
-        assert spark_rows(spark, target, cols=cols) == multiset(df.toArrow(), cols)
+        assert spark_rows(spark, target, cols=cols) == multiset(to_arrow(df), cols)
     feed = feed_by_version(spark, target, cols)
     latest = max(versions(target))
     checked = 0
@@ -680,7 +681,7 @@ def test_change_data_feed_holds_exactly_what_each_commit_retracts_and_inserts(sp
         }
         assert not kinds["delete"] - rebuilt, f"version {version} retracts a row the view did not hold"
         rebuilt = rebuilt - kinds["delete"] + kinds["insert"]
-    assert rebuilt == multiset(views[-1].toArrow(), cols)
+    assert rebuilt == multiset(to_arrow(views[-1]), cols)
 
 
 def deletion_vectors_in_log(target: str) -> list[dict[str, Any]]:
@@ -747,12 +748,12 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
         )
 
     def row_ids() -> dict[Any, int]:
-        table = spark.read.format("delta").load(target).select("id", "_metadata.row_id").toArrow()
+        table = to_arrow(spark.read.format("delta").load(target).select("id", "_metadata.row_id"))
         return dict(zip(table.column("id").to_pylist(), table.column("row_id").to_pylist(), strict=True))
 
     wanted = {}
     report = sink(desired(range(0, 100), 1000, ""), 0)
-    wanted[report.version] = multiset(desired(range(0, 100), 1000, "").toArrow(), cols)
+    wanted[report.version] = multiset(to_arrow(desired(range(0, 100), 1000, "")), cols)
     data_files = {
         str(p.relative_to(target)) for p in Path(target).rglob("*.parquet") if "_mvsink" not in str(p)
     }
@@ -771,7 +772,7 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
             spark.sql(f"DELETE FROM delta.`{target}` WHERE id IN (30, 31, 57)")
         report = sink(df, epoch)
         assert report.outcome == "committed", epoch
-        wanted[report.version] = multiset(df.toArrow(), cols)  # each read in Spark below
+        wanted[report.version] = multiset(to_arrow(df), cols)  # each read in Spark below
         if epoch == 1:
             # No data file was rewritten: each touched file got a vector, and the changed rows
             # went into new files of their own.
@@ -794,7 +795,7 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
     assert (steady.inserted, steady.retracted, steady.files_added) == (0, 0, 0), str(steady)
     assert steady.files_read == 0  # the index knew every file, vectors and all
     assert verify(desired(range(0, 60), 11, "b"), target, name="v").equal
-    final = multiset(desired(range(0, 60), 11, "b").toArrow(), cols)
+    final = multiset(to_arrow(desired(range(0, 60), 11, "b")), cols)
     if "RowTracking" in extra:
         # mvsink's vacuum (Delta's VACUUM here) with no retention keeps the vectors the version
         # references, staged under the attempts' folders, and deletes the rest.
@@ -857,7 +858,7 @@ def test_an_upsert_view_on_a_deletion_vector_table_updates_and_deletes_through_v
         del want[i]
     want[50] = "spark"
     want.update({i: f"n{i}y" for i in range(95, 105)})
-    got = spark.read.format("delta").load(target).select("id", "name").toArrow().to_pylist()
+    got = to_arrow(spark.read.format("delta").load(target).select("id", "name")).to_pylist()
     assert sorted((r["id"], r["name"]) for r in got) == sorted(want.items())
     vectors = {unquote(v["path"]) for v in deletion_vectors_in_log(target)}
     assert vectors and vectors <= files  # the batches' files kept their bytes
@@ -895,7 +896,7 @@ def test_a_column_mapped_table_is_written_by_its_physical_names(spark, tmp_path,
     spark.sql(f"ALTER TABLE delta.`{target}` RENAME COLUMN name TO label")
     spark.sql(f"ALTER TABLE delta.`{target}` RENAME COLUMN st.b TO c")
     cols = ["id", "label", "st", "day"]
-    assert spark_rows(spark, target, cols=cols) == multiset(desired(range(0, 30), "").toArrow(), cols)
+    assert spark_rows(spark, target, cols=cols) == multiset(to_arrow(desired(range(0, 30), "")), cols)
     sink = MVSink(target, "v", partition_by=["day"], max_rows_per_file=8, heartbeat=0)
     wanted = {}
     for epoch, (ids, tag) in enumerate([(range(0, 30), ""), (range(5, 40), "x")]):
@@ -903,7 +904,7 @@ def test_a_column_mapped_table_is_written_by_its_physical_names(spark, tmp_path,
         assert report.outcome == "committed"
         if epoch == 0:  # Spark's files read back by their physical names: nothing to change
             assert (report.inserted, report.retracted) == (0, 0)
-        wanted[report.version] = multiset(desired(ids, tag).toArrow(), cols)
+        wanted[report.version] = multiset(to_arrow(desired(ids, tag)), cols)
         assert spark_rows(spark, target, cols=cols) == wanted[report.version], f"epoch {epoch}"
     for version, want in wanted.items():
         assert spark_rows(spark, target, version, cols) == want, f"version {version}"

@@ -1,0 +1,63 @@
+"""What differs between the Spark lines mvsink runs on: PySpark 3.5 and 4.x, each with classic
+and Spark Connect sessions. The only module that knows Spark versions; everything else calls
+what is here instead of an API one line lacks.
+
+- Collecting a DataFrame as Arrow: ``DataFrame.toArrow`` is 4.0+; on 3.5 a classic session
+  collects Arrow batches, a Connect session an Arrow table, through their private helpers
+  (the ones 4.0's ``toArrow`` is built on).
+- A DataFrame of an Arrow table: ``createDataFrame`` takes one from 4.0 on; 3.5 takes rows.
+- Spark's Arrow schema of a Spark schema: 3.5's ``to_arrow_schema`` has no ``timezone``
+  argument (its timestamps are UTC already).
+- Python data sources (``pyspark.sql.datasource``, behind ``format("mvsink-delta")``) are 4.0+.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyspark
+
+SPARK_LINE: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])  # type: ignore[assignment]
+"""The installed PySpark's (major, minor)."""
+
+PYTHON_DATA_SOURCES = SPARK_LINE >= (4, 0)
+"""Whether Spark runs data sources written in Python (``mvsink-delta``)."""
+
+
+def is_connect(obj: Any) -> bool:
+    """Whether a DataFrame or SparkSession belongs to a Spark Connect session."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def to_arrow_schema(struct: Any) -> pa.Schema:
+    """Spark's Arrow schema for a Spark ``StructType`` (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema as spark_arrow_schema
+
+    if SPARK_LINE >= (4, 0):
+        return spark_arrow_schema(struct, timezone="UTC")
+    return spark_arrow_schema(struct)
+
+
+def to_arrow(df: Any) -> pa.Table:
+    """All of ``df``'s rows on the driver as an Arrow table of Spark's Arrow schema."""
+    if SPARK_LINE >= (4, 0):
+        return df.toArrow()
+    schema = to_arrow_schema(df.schema)
+    if is_connect(df):
+        client = df._session.client
+        table, _ = client.to_table(df._plan.to_proto(client))
+        return table.cast(schema)
+    batches = df._collect_as_arrow()
+    if not batches:
+        return schema.empty_table()
+    # Timestamps come in the session's time zone: the cast only relabels the same instants.
+    return pa.Table.from_batches(batches).cast(schema)
+
+
+def from_arrow(spark: Any, table: pa.Table, schema: str) -> Any:
+    """A DataFrame of ``table``'s rows, of the Spark ``schema`` (a DDL string). For the small
+    tables mvsink hands Spark (a snapshot's files, their paths), not for rows of a view."""
+    if SPARK_LINE >= (4, 0):
+        return spark.createDataFrame(table, schema)
+    return spark.createDataFrame(table.to_pylist(), schema)
