@@ -39,15 +39,14 @@ $(DELTA_STAMP): pyproject.toml
 	@touch $(DELTA_STAMP)
 
 # The Spark 3.5 line: the behaviour suite again on the newest PySpark 3.5 (most production Spark
-# runs it), in a virtualenv of its own. PySpark 3.5 needs numpy < 2, and so pandas < 3 and
-# pyarrow < 26 (pyarrow 26 needs numpy 2, without saying so in its metadata).
+# runs it), in a virtualenv of its own, with the spark35 extra's pins (pyproject.toml).
 SPARK35_VENV := .venv-spark35
 SPARK35_STAMP := $(SPARK35_VENV)/.mvsink-installed
 
 $(SPARK35_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(SPARK35_VENV)
 	$(SPARK35_VENV)/bin/pip install --quiet --upgrade pip
-	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev]' 'pyspark[sql,connect]==3.5.9' 'pandas<3' 'pyarrow<26'
+	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev,spark35]'
 	@touch $(SPARK35_STAMP)
 
 demo: $(STAMP)

@@ -26,7 +26,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
-from mvsink.compat import to_arrow
+from mvsink.compat import from_arrow, to_arrow
 from mvsink.session import local_session
 
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"initial load: merge table {time.perf_counter() - t:.1f}s (from Spark via Arrow)", flush=True)
         for epoch in range(1, args.epochs + 1):
             change = changes(args.rows, args.changes, args.pattern, epoch, rng)
-            df = spark.createDataFrame(change)
+            df = from_arrow(spark, change, "id long, k int, x double, s string")
             t = time.perf_counter()
             report = sink(df, epoch)
             results["mvsink"].append(

@@ -72,7 +72,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     _target_options(ve)
     va = sub.add_parser("vacuum", help="delete what no version within the retention references")
     va.add_argument("target", nargs="?", help="the Delta table (or give --job)")
-    va.add_argument("--retention-hours", type=int, help="default: the table's (7 days); never less")
+    va.add_argument(
+        "--retention-hours",
+        type=int,
+        help="must be the table's delta.deletedFileRetentionDuration (7 days unless set)",
+    )
     va.add_argument("--apply", action="store_true", help="delete (default: a dry run that only reports)")
     va.add_argument("--json", action="store_true", help="machine-readable")
     va.add_argument("--name", help=argparse.SUPPRESS)

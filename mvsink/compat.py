@@ -13,6 +13,7 @@ what is here instead of an API one line lacks.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -39,9 +40,17 @@ def to_arrow_schema(struct: Any) -> pa.Schema:
     return spark_arrow_schema(struct)
 
 
+def is_dataframe(obj: Any) -> bool:
+    """Whether ``obj`` is a Spark DataFrame, classic or Connect (on 3.5 a Connect DataFrame is
+    not a ``pyspark.sql.DataFrame``)."""
+    from pyspark.sql import DataFrame
+
+    return isinstance(obj, DataFrame) or (is_connect(obj) and type(obj).__name__ == "DataFrame")
+
+
 def to_arrow(df: Any) -> pa.Table:
     """All of ``df``'s rows on the driver as an Arrow table of Spark's Arrow schema."""
-    if SPARK_LINE >= (4, 0):
+    if hasattr(df, "toArrow"):  # 4.0+, and builds that have it
         return df.toArrow()
     schema = to_arrow_schema(df.schema)
     if is_connect(df):
@@ -56,8 +65,16 @@ def to_arrow(df: Any) -> pa.Table:
 
 
 def from_arrow(spark: Any, table: pa.Table, schema: str) -> Any:
-    """A DataFrame of ``table``'s rows, of the Spark ``schema`` (a DDL string). For the small
+    """A DataFrame of ``table``'s rows, of the Spark ``schema`` (``"name type, ..."``). For the
     tables mvsink hands Spark (a snapshot's files, their paths), not for rows of a view."""
     if SPARK_LINE >= (4, 0):
         return spark.createDataFrame(table, schema)
-    return spark.createDataFrame(table.to_pylist(), schema)
+    # 3.5 takes Python rows, each checked, converted and pickled in Python (seconds at 100k
+    # files): instead one row carries them all as a JSON array, which the JVM parses.
+    from pyspark.sql import functions as F
+
+    columns = [part.strip().split(None, 1) for part in schema.split(",")]
+    struct = ",".join(f"`{name}`:{kind}" for name, kind in columns)
+    payload = spark.createDataFrame([(json.dumps(table.to_pylist()),)], "rows string")
+    parsed = payload.select(F.explode(F.from_json("rows", f"array<struct<{struct}>>")).alias("row"))
+    return parsed.select(*(F.col(f"row.`{name}`").alias(name) for name, _ in columns))

@@ -123,10 +123,10 @@ class Complete:
 
     def _release_attempt(self) -> None:
         for held in self.attempt:
-            if isinstance(held, DataFrame):
-                held.unpersist()
-            else:
+            if isinstance(held, SparkCorrection):
                 held.close()
+            else:  # a DataFrame, classic or Connect
+                held.unpersist()
         self.attempt = []
 
     def _collect(self, layout: Layout, rules: Rules) -> bool:

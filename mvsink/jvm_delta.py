@@ -38,7 +38,6 @@ COMMIT_CONF = "spark.databricks.delta.maxCommitAttempts"
 COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits")
 """Table features (prefixes) whose commits do not simply land in ``_delta_log``."""
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-VACUUM_RETAIN_IGNORED_CONF = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 
 
 class Unavailable(MVSinkError):
@@ -236,21 +235,16 @@ class JvmDelta:
 
         return commit
 
-    def vacuum(self, root: str, retention_hours: int | None, *, dry_run: bool) -> list[str]:
-        """Delta's own VACUUM of the table at ``root`` (it keeps every file, deletion vectors
-        included, that a version within the retention references, and refuses a retention
-        below the table's): the files it would delete, relative to ``root`` (a dry run), or
-        nothing."""
+    def vacuum(self, root: str, *, dry_run: bool) -> list[str]:
+        """Delta's own full VACUUM of the table at ``root`` with the table's retention (it
+        keeps every file, deletion vectors included, that a version within the retention
+        references): the files and empty folders it would delete, relative to ``root`` (a dry
+        run), or nothing. (Delta 4.x ignores ``RETAIN`` unless it is 0; ``vacuum.py`` refuses
+        any retention but the table's.)"""
         table = jvm_path(root).replace("`", "``")
-        retain = "" if retention_hours is None else f" RETAIN {int(retention_hours)} HOURS"
-        statement = f"VACUUM delta.`{table}`{retain}{' DRY RUN' if dry_run else ''}"
-        # Delta 4.x ignores RETAIN unless it is 0 and keeps the table's own retention instead,
-        # which is shorter than a longer one asked for: a cloned session makes it honour RETAIN
-        # (and so also apply its own check that RETAIN is not below the table's).
-        session = self._jspark.cloneSession()
-        session.conf().set(VACUUM_RETAIN_IGNORED_CONF, "false")
+        statement = f"VACUUM delta.`{table}` FULL{' DRY RUN' if dry_run else ''}"
         try:
-            rows = session.sql(statement).collectAsList()
+            rows = self._jspark.sql(statement).collectAsList()
         except Exception as exc:
             raise Refused(f"Delta's VACUUM refused: {first_line(exc)}") from None
         if not dry_run:

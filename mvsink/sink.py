@@ -55,6 +55,7 @@ from mvsink.cadence import Cadence, at_key, now_ms
 from mvsink.catalog import is_path, locate
 from mvsink.clock import Stall, Time, Verdict, batch_start, committed_time, compare, epoch_time
 from mvsink.clock import transactions as clock_transactions
+from mvsink.compat import is_dataframe
 from mvsink.complete import Complete
 from mvsink.config import SinkOptions
 from mvsink.context import DriverBudget, EpochContext
@@ -441,7 +442,7 @@ class _Epoch:
                     change_feed=snap.change_feed,
                     deletion_vectors=snap.deletion_vectors,
                 )
-                if isinstance(plan.inserts, DataFrame):
+                if is_dataframe(plan.inserts):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
             if not (staged.adds or staged.removes or must) and not self._due(
                 self.opts.heartbeat_cadence, snap, desc, lineage

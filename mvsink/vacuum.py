@@ -7,9 +7,12 @@ Three kinds of leftovers, and why deleting each cannot lose data:
   vector a version references), which deletes a
   file only if the latest version does not reference it and it left the table (or, never
   committed, was last written) longer ago than the retention. The retention defaults to the
-  table's ``delta.deletedFileRetentionDuration`` (7 days) and cannot be set below it: a
-  shorter one could delete the staged files of an attempt about to commit, or files a
-  reader of a recent version still needs.
+  table's ``delta.deletedFileRetentionDuration`` (7 days), and another is refused on either
+  engine (``_check_retention``): a shorter one could delete the staged files of an attempt
+  about to commit, or files a reader of a recent version still needs; a longer one would
+  not keep what it says, since Delta keeps the record of a removed file only as long as the
+  table's retention (checkpoints drop older ones), after which only the file's age protects
+  it. To keep history longer, raise the table's retention.
 * **Staged folders of attempts that never committed** (``mvsink-<view>-e<epoch>-<id>``, left
   by a crash): the same rule, since their files are data files no version references.
 * **Index entries** (``_mvsink/<view>/index/``, which Delta's vacuum never looks into) of files
@@ -79,15 +82,16 @@ def vacuum(
         raise ConfigError("there is no Delta table to vacuum", where)
     store = Store(snap.root, options)
     table = DeltaTable(snap.root, storage_options=options or None)
+    _check_retention(retention_hours, table.metadata().configuration, where)
     try:
         _refuse_nested_tables(store, where)
         if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
-            listed = snap._jvm.vacuum(snap.root, retention_hours, dry_run=True)
+            listed = snap._jvm.vacuum(snap.root, dry_run=True)
             sizes = store.sizes(listed)
             # Its dry run also lists folders, which it deletes only if empty: not data files.
             found = [p for p in listed if p in sizes]
             if apply:
-                snap._jvm.vacuum(snap.root, retention_hours, dry_run=False)
+                snap._jvm.vacuum(snap.root, dry_run=False)
             data = found  # what the dry run listed: Delta's VACUUM reports no list
         else:
             found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
@@ -107,6 +111,68 @@ def vacuum(
         index_entries=tuple(sorted(entries)),
         index_bytes=sum(entries.values()),
     )
+
+
+RETENTION = "delta.deletedFileRetentionDuration"
+DEFAULT_RETENTION_HOURS = 7 * 24
+_UNIT_HOURS = {
+    "week": 168.0,
+    "day": 24.0,
+    "hour": 1.0,
+    "minute": 1 / 60,
+    "second": 1 / 3600,
+    "millisecond": 1 / 3_600_000,
+    "microsecond": 1 / 3_600_000_000,
+}
+
+
+def table_retention_hours(configuration: Mapping[str, str | None]) -> float | None:
+    """The table's ``delta.deletedFileRetentionDuration`` in hours (an ``interval 7 days``
+    string; 7 days when unset), or None if it cannot be read."""
+    text = (configuration.get(RETENTION) or "").strip().lower()
+    if not text:
+        return float(DEFAULT_RETENTION_HOURS)
+    words = text.split()
+    if words and words[0] == "interval":
+        words = words[1:]
+    if not words or len(words) % 2:
+        return None
+    hours = 0.0
+    for amount, unit in zip(words[::2], words[1::2], strict=True):
+        factor = _UNIT_HOURS.get(unit.rstrip("s"))
+        try:
+            hours += float(amount) * factor if factor is not None else float("nan")
+        except ValueError:
+            return None
+    return None if hours != hours else hours
+
+
+def _check_retention(hours: int | None, configuration: Mapping[str, str | None], where: Where) -> None:
+    """Refuse a retention other than the table's (see the module doc), before anything is
+    listed or deleted."""
+    if hours is None:
+        return
+    table = table_retention_hours(configuration)
+    if table is None:
+        raise ConfigError(
+            f"cannot read the table's {RETENTION} ({configuration.get(RETENTION)!r}): vacuum without "
+            "--retention-hours to use it as Delta reads it",
+            where,
+        )
+    if hours < table:
+        raise ConfigError(
+            f"vacuum refused: a retention of {hours} hours is below the table's {RETENTION} "
+            f"({table:g} hours); it could delete files an attempt about to commit or a reader of a "
+            "recent version still needs",
+            where,
+        )
+    if hours > table:
+        raise ConfigError(
+            f"vacuum refused: a retention of {hours} hours is above the table's {RETENTION} "
+            f"({table:g} hours), which is all Delta keeps removed files on record for (checkpoints "
+            "drop older ones): to keep history longer, raise the table's retention",
+            where,
+        )
 
 
 def _refuse_nested_tables(store: Store, where: Where) -> None:

@@ -220,18 +220,40 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
     assert "refused" in capsys.readouterr().err and os.path.exists(in_flight)
 
 
-def test_vacuum_keeps_what_a_retention_longer_than_the_tables_keeps(spark, local_target, capsys):
-    """Delta 4.x's own VACUUM ignores RETAIN unless it is 0, keeping the table's (shorter)
-    retention instead: a longer retention asked for is honoured on either engine."""
+def test_a_retention_other_than_the_tables_is_refused_and_nothing_is_deleted(spark, local_target, capsys):
+    """Below the table's retention a vacuum could delete what a commit or reader still needs;
+    above it, it would not keep what it says (Delta keeps removed files on record only that
+    long; Delta 4.x's own VACUUM even ignores RETAIN). Either is refused, on either engine;
+    raising the table's retention keeps more."""
     MVSink(local_target, "people")(people(spark, range(5)), 0)
     crashed = os.path.join(local_target, "mvsink-people-e7-0123456789ab", "part-0.parquet")
     os.makedirs(os.path.dirname(crashed))
     pq.write_table(pa.table({"id": [1]}), crashed)
-    _age(crashed, 10)  # older than the table's 7 days, younger than the 30 days asked for
-    assert vacuum(local_target, retention_hours=30 * 24).data_files == ()
+    _age(crashed, 10)  # older than the table's 7 days
+    before = _files(local_target)
+    for hours, why in ((1, "below the table's"), (30 * 24, "above the table's")):
+        assert main(["vacuum", local_target, "--retention-hours", str(hours), "--apply"]) == 2
+        assert why in capsys.readouterr().err
+        assert _files(local_target) == before
+    assert vacuum(local_target, retention_hours=7 * 24).data_files == (
+        "mvsink-people-e7-0123456789ab/part-0.parquet",
+    )
+    DeltaTable(local_target).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 30 days"}
+    )
+    assert vacuum(local_target).data_files == ()
     assert main(["vacuum", local_target, "--retention-hours", str(30 * 24), "--apply"]) == 0
-    assert "deleted 0 data file(s)" in capsys.readouterr().out and os.path.exists(crashed)
-    assert vacuum(local_target).data_files == ("mvsink-people-e7-0123456789ab/part-0.parquet",)
+    assert os.path.exists(crashed)
+
+
+def test_the_tables_retention_is_read_as_delta_writes_it():
+    from mvsink.vacuum import table_retention_hours
+
+    read = lambda text: table_retention_hours({"delta.deletedFileRetentionDuration": text})  # noqa: E731
+    assert table_retention_hours({}) == 168
+    assert read("interval 2 weeks") == 336 and read("interval 36 hours") == 36
+    assert read("INTERVAL 1 DAY 12 HOURS") == 36 and read("interval 90 minutes") == 1.5
+    assert read("interval seven days") is None and read("interval 3 fortnights") is None
 
 
 def test_vacuum_refuses_a_table_that_holds_another_table(spark, local_target, capsys):

@@ -801,11 +801,9 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
         # references, staged under the attempts' folders, and deletes the rest.
         from mvsink import vacuum
 
-        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-        try:
-            vacuum(target, retention_hours=0, apply=True)
-        finally:
-            spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        retention = "'delta.deletedFileRetentionDuration' = 'interval 0 hours'"
+        spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ({retention})")
+        vacuum(target, apply=True)
         referenced = {dv_file(v) for v in live_vectors(target)}
         assert referenced and referenced == {str(p.relative_to(target)) for p in Path(target).rglob("*.bin")}
         assert spark_rows(spark, target, cols=cols) == final
