@@ -50,7 +50,7 @@ def is_dataframe(obj: Any) -> bool:
 
 def to_arrow(df: Any) -> pa.Table:
     """All of ``df``'s rows on the driver as an Arrow table of Spark's Arrow schema."""
-    if hasattr(df, "toArrow"):  # 4.0+, and builds that have it
+    if hasattr(type(df), "toArrow"):  # 4.0+, and builds that have it (not a column of that name)
         return df.toArrow()
     schema = to_arrow_schema(df.schema)
     if is_connect(df):
@@ -70,11 +70,23 @@ def from_arrow(spark: Any, table: pa.Table, schema: str) -> Any:
     if SPARK_LINE >= (4, 0):
         return spark.createDataFrame(table, schema)
     # 3.5 takes Python rows, each checked, converted and pickled in Python (seconds at 100k
-    # files): instead one row carries them all as a JSON array, which the JVM parses.
+    # files): instead each row carries a chunk of them as a JSON array, which the JVM parses
+    # (failing, not nulling, on a value that does not fit). Plain column types only.
     from pyspark.sql import functions as F
 
     columns = [part.strip().split(None, 1) for part in schema.split(",")]
+    if [name for name, _ in columns] != table.column_names:
+        raise ValueError(f"the table's columns {table.column_names} are not the schema's ({schema})")
     struct = ",".join(f"`{name}`:{kind}" for name, kind in columns)
-    payload = spark.createDataFrame([(json.dumps(table.to_pylist()),)], "rows string")
-    parsed = payload.select(F.explode(F.from_json("rows", f"array<struct<{struct}>>")).alias("row"))
-    return parsed.select(*(F.col(f"row.`{name}`").alias(name) for name, _ in columns))
+    rows = table.to_pylist()
+    chunks = [
+        (json.dumps(rows[i : i + JSON_ROWS_PER_CHUNK]),) for i in range(0, len(rows), JSON_ROWS_PER_CHUNK)
+    ]
+    payload = spark.createDataFrame(chunks, "rows string")
+    parsed = F.from_json("rows", f"array<struct<{struct}>>", {"mode": "FAILFAST"})
+    exploded = payload.select(F.explode(parsed).alias("row"))
+    return exploded.select(*(F.col(f"row.`{name}`").alias(name) for name, _ in columns))
+
+
+JSON_ROWS_PER_CHUNK = 2_000
+"""Rows of a table ``from_arrow`` puts in one JSON string on 3.5 (about half a MB)."""

@@ -8,7 +8,7 @@ Three kinds of leftovers, and why deleting each cannot lose data:
   file only if the latest version does not reference it and it left the table (or, never
   committed, was last written) longer ago than the retention. The retention defaults to the
   table's ``delta.deletedFileRetentionDuration`` (7 days), and another is refused on either
-  engine (``_check_retention``): a shorter one could delete the staged files of an attempt
+  engine (``_retention_hours``): a shorter one could delete the staged files of an attempt
   about to commit, or files a reader of a recent version still needs; a longer one would
   not keep what it says, since Delta keeps the record of a removed file only as long as the
   table's retention (checkpoints drop older ones), after which only the file's age protects
@@ -23,6 +23,7 @@ Three kinds of leftovers, and why deleting each cannot lose data:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def vacuum(
         raise ConfigError("there is no Delta table to vacuum", where)
     store = Store(snap.root, options)
     table = DeltaTable(snap.root, storage_options=options or None)
-    _check_retention(retention_hours, table.metadata().configuration, where)
+    hours = _retention_hours(retention_hours, table.metadata().configuration, where)
     try:
         _refuse_nested_tables(store, where)
         if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
@@ -94,9 +95,9 @@ def vacuum(
                 snap._jvm.vacuum(snap.root, dry_run=False)
             data = found  # what the dry run listed: Delta's VACUUM reports no list
         else:
-            found = table.vacuum(retention_hours=retention_hours, dry_run=True, full=True)
+            found = table.vacuum(retention_hours=hours, dry_run=True, full=True)
             sizes = store.sizes(found)
-            data = table.vacuum(retention_hours=retention_hours, dry_run=False, full=True) if apply else found
+            data = table.vacuum(retention_hours=hours, dry_run=False, full=True) if apply else found
     except (DeltaError, Refused) as exc:
         raise ConfigError(f"vacuum refused: {exc}", where) from None
     entries = _stale_entries(store, snap)
@@ -114,65 +115,73 @@ def vacuum(
 
 
 RETENTION = "delta.deletedFileRetentionDuration"
-DEFAULT_RETENTION_HOURS = 7 * 24
-_UNIT_HOURS = {
-    "week": 168.0,
-    "day": 24.0,
-    "hour": 1.0,
-    "minute": 1 / 60,
-    "second": 1 / 3600,
-    "millisecond": 1 / 3_600_000,
-    "microsecond": 1 / 3_600_000_000,
+_US_PER_HOUR = 3_600_000_000
+DEFAULT_RETENTION_US = 7 * 24 * _US_PER_HOUR
+_UNIT_US = {
+    "week": 7 * 24 * _US_PER_HOUR,
+    "day": 24 * _US_PER_HOUR,
+    "hour": _US_PER_HOUR,
+    "minute": 60_000_000,
+    "second": 1_000_000,
+    "millisecond": 1_000,
+    "microsecond": 1,
 }
 
 
-def table_retention_hours(configuration: Mapping[str, str | None]) -> float | None:
-    """The table's ``delta.deletedFileRetentionDuration`` in hours (an ``interval 7 days``
-    string; 7 days when unset), or None if it cannot be read."""
+def table_retention_us(configuration: Mapping[str, str | None]) -> int | None:
+    """The table's ``delta.deletedFileRetentionDuration`` in microseconds, read as the JVM
+    Delta reads it (Spark's interval syntax: an optional ``interval``, then whole numbers with
+    units from weeks to microseconds, a fraction on seconds only, any case; 7 days when
+    unset), or None for a value it does not read so (months and years included). delta-rs
+    reads only some of these forms (``30 days``, say, is 7 days to it): ``vacuum`` always
+    hands delta-rs the retention read here."""
     text = (configuration.get(RETENTION) or "").strip().lower()
     if not text:
-        return float(DEFAULT_RETENTION_HOURS)
+        return DEFAULT_RETENTION_US
     words = text.split()
-    if words and words[0] == "interval":
+    if words[0] == "interval":
         words = words[1:]
     if not words or len(words) % 2:
         return None
-    hours = 0.0
-    for amount, unit in zip(words[::2], words[1::2], strict=True):
-        factor = _UNIT_HOURS.get(unit.rstrip("s"))
-        try:
-            hours += float(amount) * factor if factor is not None else float("nan")
-        except ValueError:
+    total = 0
+    for amount, word in zip(words[::2], words[1::2], strict=True):
+        unit = word[:-1] if word.endswith("s") and word[:-1] in _UNIT_US else word
+        found = re.fullmatch(r"([+-]?)(\d+)(?:\.(\d{1,6}))?", amount)
+        if unit not in _UNIT_US or found is None or (found.group(3) and unit != "second"):
             return None
-    return None if hours != hours else hours
+        sign, whole, fraction = found.groups()
+        value = int(whole) * _UNIT_US[unit] + int((fraction or "").ljust(6, "0"))
+        total += -value if sign == "-" else value
+    return total
 
 
-def _check_retention(hours: int | None, configuration: Mapping[str, str | None], where: Where) -> None:
-    """Refuse a retention other than the table's (see the module doc), before anything is
-    listed or deleted."""
-    if hours is None:
-        return
-    table = table_retention_hours(configuration)
-    if table is None:
+def _retention_hours(hours: int | None, configuration: Mapping[str, str | None], where: Where) -> int:
+    """The retention, in whole hours, for delta-rs's vacuum: the table's (see the module doc);
+    another asked for, or a table retention not read as Delta reads it, is refused before
+    anything is listed or deleted."""
+    table = table_retention_us(configuration)
+    if table is None or table < 0:
         raise ConfigError(
-            f"cannot read the table's {RETENTION} ({configuration.get(RETENTION)!r}): vacuum without "
-            "--retention-hours to use it as Delta reads it",
+            f"vacuum refused: cannot use the table's {RETENTION} ({configuration.get(RETENTION)!r}); "
+            "set it as 'interval <n> days' (or hours), at least 0",
             where,
         )
-    if hours < table:
+    shown = f"{table / _US_PER_HOUR:g} hours"
+    if hours is not None and hours * _US_PER_HOUR < table:
         raise ConfigError(
             f"vacuum refused: a retention of {hours} hours is below the table's {RETENTION} "
-            f"({table:g} hours); it could delete files an attempt about to commit or a reader of a "
-            "recent version still needs",
+            f"({shown}); it could delete files an attempt about to commit or a reader of a recent "
+            "version still needs",
             where,
         )
-    if hours > table:
+    if hours is not None and hours * _US_PER_HOUR > table:
         raise ConfigError(
             f"vacuum refused: a retention of {hours} hours is above the table's {RETENTION} "
-            f"({table:g} hours), which is all Delta keeps removed files on record for (checkpoints "
-            "drop older ones): to keep history longer, raise the table's retention",
+            f"({shown}), which is all Delta keeps removed files on record for (checkpoints drop "
+            "older ones): to keep history longer, raise the table's retention",
             where,
         )
+    return -(-table // _US_PER_HOUR)  # whole hours, rounded up: never less than the table's
 
 
 def _refuse_nested_tables(store: Store, where: Where) -> None:

@@ -242,18 +242,37 @@ def test_a_retention_other_than_the_tables_is_refused_and_nothing_is_deleted(spa
         {"delta.deletedFileRetentionDuration": "interval 30 days"}
     )
     assert vacuum(local_target).data_files == ()
+    assert main(["vacuum", local_target, "--apply"]) == 0
     assert main(["vacuum", local_target, "--retention-hours", str(30 * 24), "--apply"]) == 0
+    assert os.path.exists(crashed)
+    DeltaTable(local_target).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 1 month"}
+    )
+    assert (
+        main(["vacuum", local_target, "--apply"]) == 2 and "cannot use the table's" in capsys.readouterr().err
+    )
     assert os.path.exists(crashed)
 
 
 def test_the_tables_retention_is_read_as_delta_writes_it():
-    from mvsink.vacuum import table_retention_hours
+    from mvsink.vacuum import table_retention_us
 
-    read = lambda text: table_retention_hours({"delta.deletedFileRetentionDuration": text})  # noqa: E731
-    assert table_retention_hours({}) == 168
-    assert read("interval 2 weeks") == 336 and read("interval 36 hours") == 36
-    assert read("INTERVAL 1 DAY 12 HOURS") == 36 and read("interval 90 minutes") == 1.5
-    assert read("interval seven days") is None and read("interval 3 fortnights") is None
+    hour = 3_600_000_000
+    read = lambda text: table_retention_us({"delta.deletedFileRetentionDuration": text})  # noqa: E731
+    assert table_retention_us({}) == 168 * hour
+    assert read("interval 2 weeks") == 336 * hour and read("interval 36 hours") == 36 * hour
+    assert read("30 days") == read("INTERVAL 30 DAYS") == 720 * hour  # what delta-rs reads as 7 days
+    assert read("interval 1 day 12 hours") == 36 * hour and read("interval 90 minutes") == hour * 3 // 2
+    assert read("interval 25200000 milliseconds") == 7 * hour and read("interval 1.5 seconds") == 1_500_000
+    assert read("interval -1 days") == -24 * hour
+    for unread in (
+        "interval seven days",
+        "interval 1 month",
+        "interval 1.5 days",
+        "interval 1e2 hours",
+        "7 dayss",
+    ):
+        assert read(unread) is None, unread
 
 
 def test_vacuum_refuses_a_table_that_holds_another_table(spark, local_target, capsys):
