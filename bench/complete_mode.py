@@ -1,10 +1,13 @@
 """Complete mode: mvsink against a full overwrite and a keyed MERGE, per epoch.
 
-A view of N rows ``(id bigint, k int, x double, s string)``; each epoch K% of rows change
+A view of N rows ``(id bigint, k int, x double, s string)`` (``--wide``: 20 more columns,
+strings and numbers, about 260 bytes a row); each epoch K% of rows change
 (``x`` moves), either spread at random over the keys or confined to one run of keys in key
-order. For each epoch it reports seconds and bytes written by:
+order. Desired is cached in Spark before timing. For each epoch it reports seconds and bytes
+written by:
 
-* mvsink (``MVSink`` fed the Spark DataFrame of desired; everything timed, desired included);
+* floor: one Spark scan of the cached desired (a ``noop`` write): no sink can do less;
+* mvsink (``MVSink`` fed the cached Spark DataFrame of desired);
 * overwrite: ``deltalake.write_deltalake(mode="overwrite")`` of desired as Arrow (what
   Delta's complete-mode sink does; the Spark-to-Arrow conversion is not timed);
 * merge: a keyed ``deltalake`` MERGE of the full desired (update changed, insert new, delete
@@ -12,6 +15,7 @@ order. For each epoch it reports seconds and bytes written by:
 
     python bench/complete_mode.py --rows 1000000 --percent 1 --pattern random --epochs 5
     python bench/complete_mode.py --store s3 ...   # all targets on a local S3 server (moto)
+    python bench/complete_mode.py --wide --pattern keyed --percent 1 --epochs 3
 """
 
 from __future__ import annotations
@@ -48,14 +52,22 @@ def selected(pattern: str, epoch: int, rows: int, percent: float) -> Column:
     return (ident >= start) & (ident < start + width)
 
 
-def desired(spark: SparkSession, rows: int, percent: float, pattern: str, epoch: int) -> DataFrame:
+def desired(
+    spark: SparkSession, rows: int, percent: float, pattern: str, epoch: int, wide: bool
+) -> DataFrame:
     bumps = [F.when(selected(pattern, e, rows, percent), 1).otherwise(0) for e in range(1, epoch + 1)]
     bump = sum(bumps, F.lit(0)) if bumps else F.lit(0)
+    extra = []
+    if wide:
+        for i in range(10):
+            text = F.concat(F.lit(f"attribute-{i}-"), F.col("id").cast("string"))
+            extra += [text.alias(f"t{i}"), (F.col("id") * (i + 3) % 1_000_003).alias(f"n{i}")]
     return spark.range(rows).select(
         F.col("id"),
         (F.col("id") % 7).cast("int").alias("k"),
         (F.col("id") / 2 + bump).alias("x"),
         F.concat(F.lit("s-"), F.col("id").cast("string")).alias("s"),
+        *extra,
     )
 
 
@@ -101,6 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[str, Any]:
     spark = local_session("mvsink-bench", conf={"spark.driver.memory": "6g"})
     results: dict[str, list[dict[str, float]]] = {
+        "floor": [],
         "mvsink": [],
         "overwrite": [],
         "collect+overwrite": [],
@@ -116,7 +129,11 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
     over, merge = f"{root}/overwrite", f"{root}/merge"
     opts = options or None
     for epoch in range(args.epochs + 1):
-        df = desired(spark, args.rows, args.percent, args.pattern, epoch)
+        df = desired(spark, args.rows, args.percent, args.pattern, epoch, args.wide).persist()
+        df.count()
+        t = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        results["floor"].append({"s": time.perf_counter() - t, "bytes": 0})
         t = time.perf_counter()
         report = sink(df, epoch)
         results["mvsink"].append(
@@ -160,10 +177,13 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
             if len(v) > epoch
         )
         phases = " ".join(f"{k}={v:.2f}" for k, v in report.phases.items())
+        whole = " (desired written whole)" if report.whole else ""
         detail = (
-            f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files rewritten; {phases}"
+            f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files "
+            f"rewritten{whole}; {phases}"
         )
         print(f"{line}  ({detail})", flush=True)
+        df.unpersist()
     return {"args": vars(args), "summary": steady_state(results), "epochs": results}
 
 
@@ -188,16 +208,21 @@ def main() -> None:
     p.add_argument("--merge-epochs", type=int, default=2, help="MERGE is slow: epochs to run it for")
     p.add_argument("--file-rows", type=int, default=50_000)
     p.add_argument("--cluster", action="store_true", help="mvsink cluster_by=('id',)")
+    p.add_argument("--wide", action="store_true", help="24 columns (about 260 bytes a row)")
     p.add_argument("--store", choices=["local", "s3"], default="local")
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
     result = run(args)
     print("steady state (epochs 1..N, median):")
+    over = result["summary"]["collect+overwrite"]["median_s"]
     for name, s in result["summary"].items():
-        print(f"  {name:18s} {s['median_s']:.2f}s  {s['median_MB']:.1f}MB written")
+        ratio = s["median_s"] / over if over else float("nan")
+        print(f"  {name:18s} {s['median_s']:.2f}s  {ratio:.2f}x overwrite  {s['median_MB']:.1f}MB written")
     os.makedirs(args.out, exist_ok=True)
     cluster = "-cluster" if args.cluster else ""
-    name = f"complete-{args.store}-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}.json"
+    wide = "-wide" if args.wide else ""
+    shape = f"{args.store}-{args.pattern}-{args.rows}-{args.percent}-{args.file_rows}{cluster}{wide}"
+    name = f"complete-{shape}.json"
     with open(os.path.join(args.out, name), "w") as fh:
         json.dump(result, fh, indent=1)
 

@@ -133,7 +133,8 @@ class SinkOptions(_Frozen):
     """Columns to sort inserted rows by, so rows that change together share few files."""
     cache_desired: bool = True
     """Kept for old configs; no effect. Desired is evaluated once per epoch (complete mode
-    collects it once; upsert mode caches the ranked batch; tasks write an initial load once)."""
+    caches it with its fingerprints; upsert mode caches the ranked batch; tasks write an
+    initial load once)."""
     placement: Literal["auto", "driver", "distributed"] = "auto"
     """Where the correction is computed: ``driver``, on the driver with numpy (the view's
     fingerprints, 16 bytes a row, in its memory; fastest for views that fit); ``distributed``,

@@ -31,8 +31,9 @@ def parse_bytes(text: str) -> int:
     return int(found.group(1)) * _UNITS[found.group(2)]
 
 
-_EXPANSION = 4
-"""Bytes in Arrow per byte of Parquet, assumed for a view whose rows were never collected."""
+_FINGERPRINT_ROW = 24
+"""Arrow bytes a row of desired's fingerprints takes on the driver (two int64 and the rule
+column), until a collect measured it."""
 _DEFAULT_RESULT_LIMIT = 1 << 30  # Spark's default spark.driver.maxResultSize
 
 
@@ -41,7 +42,7 @@ class DriverBudget:
     """What the sink learned, across epochs, about bringing the view to the driver."""
 
     bytes_per_row: float | None = None
-    """Arrow bytes per row of the last batch collected (None: none was)."""
+    """Arrow bytes per row of the last collect of a row per row of the view (None: none was)."""
     too_big: bool = False
     """A complete batch of this view was once too big for the driver to collect: ``auto``
     plans in Spark tasks from then on, rather than collect and fail again each epoch."""
@@ -70,6 +71,8 @@ class EpochContext:
     """Kept by the sink across epochs (``placement``)."""
     too_big: bool = False
     """This epoch's batch proved too big to collect: it plans in Spark tasks."""
+    whole: bool = False
+    """The current attempt writes desired whole instead of correcting file by file."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -90,7 +93,7 @@ class EpochContext:
     def placement(self, snap: Snapshot) -> str:
         """Where this attempt plans: the ``placement`` option, or for ``auto`` the driver while
         the target holds at most ``driver_max_rows`` rows and, in complete mode (which collects
-        the whole view), what it collects (about the target's size, in Arrow) fits in half of
+        desired's fingerprints, a row per row of the view), what it collects fits in half of
         Spark's driver result limit (``spark.driver.maxResultSize``). Once a batch proved too
         big to collect (``collect``), the sink plans in Spark tasks."""
         if self.opts.placement != "auto":
@@ -104,8 +107,8 @@ class EpochContext:
             return "distributed"
         if self.opts.mode != "complete":
             return "driver"  # an upsert batch brings the changed keys only
-        per_row = self.budget.bytes_per_row
-        size = held * per_row if per_row is not None else _EXPANSION * sum(f.size for f in snap.files)
+        per_row = self.budget.bytes_per_row or _FINGERPRINT_ROW
+        size = held * per_row
         limit = self.result_limit()
         return "distributed" if limit and size > limit / 2 else "driver"
 
@@ -118,10 +121,11 @@ class EpochContext:
         return _DEFAULT_RESULT_LIMIT if text is None else parse_bytes(text)
 
     def collect(self, rows: DataFrame) -> pa.Table | None:
-        """``rows`` on the driver as Arrow; None if they are bigger than Spark lets a driver
-        collect under ``placement = "auto"``: then this epoch plans distributed, and in
-        complete mode (where a batch is the whole view) every later one too. A default
-        configuration never dies of the driver's result limit."""
+        """``rows`` (a row per row of the batch: the batch in upsert mode, desired's
+        fingerprints in complete mode) on the driver as Arrow; None if they are bigger than
+        Spark lets a driver collect under ``placement = "auto"``: then this epoch plans
+        distributed, and in complete mode every later one too. A default configuration never
+        dies of the driver's result limit."""
         try:
             table = to_arrow(rows)
         except Exception as exc:

@@ -2,8 +2,9 @@
 
 Nothing row-sized passes through the driver. For a complete-mode epoch:
 
-1. Desired is fingerprinted by Spark tasks (``mapInArrow``; the same ``fingerprints`` as the
-   driver's) and cached, so that its rows are evaluated once per epoch, whatever the attempts.
+1. Desired is fingerprinted by Spark itself, in the stage that computes it
+   (``fingerprint.spark_lanes``), and cached, so that its rows are evaluated once per epoch,
+   whatever the attempts.
 2. The persisted side is read by tasks from the stored index (``index.StoredIndex``): one
    ``(file_no, pos, fingerprint)`` row per stored row; a file without an entry is read and
    hashed by the task, which stores its entry.
@@ -36,7 +37,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from mvsink.compat import to_arrow
 from mvsink.delta import Snapshot
 from mvsink.errors import InvariantViolation
-from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
+from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote, spark_lanes
 from mvsink.index import StoredIndex
 from mvsink.storage import Store
 from mvsink.write import Layout, TaskRewrites, file_frame, in_task, task_files
@@ -54,27 +55,10 @@ _PERSISTED_ARROW = pa.schema([pa.field(n, pa.int64(), nullable=False) for n in _
 
 def with_fingerprints(rows: DataFrame, layout: Layout, extra: Sequence[StructField] = ()) -> DataFrame:
     """``rows``' table columns (then the ``extra`` ones, passed through) with the fingerprints
-    of the table columns appended, computed by tasks."""
-    fields = [*layout.struct.fields, *extra]
-    schema = StructType([*fields, StructField(FP_A, LongType()), StructField(FP_B, LongType())])
-    return rows.select(*[F.col(quote(f.name)) for f in fields]).mapInArrow(_Fingerprinter(layout), schema)
-
-
-@dataclass(frozen=True)
-class _Fingerprinter:
-    """Runs in a Spark task: appends each row's fingerprint (of the table's Arrow types)."""
-
-    layout: Layout
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = self.layout.arrow
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            with in_task("fingerprinting desired"):
-                a, b = fingerprints(table.select(schema.names).cast(schema))
-            yield pa.RecordBatch.from_arrays(
-                [*batch.columns, pa.array(a), pa.array(b)], names=[*batch.schema.names, FP_A, FP_B]
-            )
+    of the table columns appended, computed by Spark in the same stage (``spark_lanes``)."""
+    return rows.select(
+        *[F.col(quote(f.name)) for f in (*layout.struct.fields, *extra)], *spark_lanes(layout.struct)
+    )
 
 
 def persisted_rows(spark: Any, snap: Snapshot, index: StoredIndex, layout: Layout) -> DataFrame:
@@ -169,7 +153,7 @@ class SparkCorrection:
     """desired - persisted, held by Spark (see the module doc)."""
 
     inserts: DataFrame
-    """The desired rows to insert (the table's columns)."""
+    """The desired rows to insert (the table's columns, then their fingerprints)."""
     rewrites: TaskRewrites
     inserted: int
     retracted: int
@@ -230,7 +214,7 @@ def correction(
         desired.join(changed.where(F.col(_D) > F.col(_P)), fp)
         .withColumn(_RN, F.row_number().over(any_copy))
         .where(F.col(_RN) <= F.col(_D) - F.col(_P))
-        .select(*[F.col(quote(c)) for c in layout.struct.names])
+        .select(*[F.col(quote(c)) for c in (*layout.struct.names, *fp)])
     )
     # About a file's worth of rows per write task, not one small file per shuffle partition.
     inserts = inserts.repartition(max(1, -(-inserted // max_rows_per_file)))

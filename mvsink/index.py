@@ -78,8 +78,10 @@ class StoredIndex:
     worker whose mvsink hashes rows another way must never write or use entries under it."""
 
     @staticmethod
-    def of(store: Store, view: str, schema: pa.Schema) -> StoredIndex:
-        text = f"{FINGERPRINT_VERSION}\n{schema.remove_metadata().to_string(show_field_metadata=False)}"
+    def of(store: Store, view: str, schema: pa.Schema, version: int = FINGERPRINT_VERSION) -> StoredIndex:
+        """The index of ``view`` for tables of ``schema``, hashed with fingerprint ``version``
+        (another version than this process's is for reading where old entries lie only)."""
+        text = f"{version}\n{schema.remove_metadata().to_string(show_field_metadata=False)}"
         if is_mapped(schema):
             # Which columns of the files hold each field: a column dropped and added again
             # under column mapping has a new physical name, and old files none of its values.

@@ -33,6 +33,9 @@ class EpochReport:
     files whose partition or key statistics could hold a touched key."""
     attempts: int = 0
     seconds: float = 0.0
+    whole: bool = False
+    """Complete mode wrote desired whole, replacing every file, as that moved fewer bytes
+    than correcting file by file (``inserted`` and ``retracted`` then count every row)."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds spent per step: snapshot, collect, fingerprint, index, diff, read, write, commit
     (and prepare and rules where they ran)."""
@@ -52,5 +55,6 @@ class EpochReport:
         return (
             f"{head}{where} [{self.lower} -> {self.upper}]: +{self.inserted} -{self.retracted} rows, "
             f"{self.files_added} file(s) added, {self.files_removed} removed, "
-            f"{self.bytes_written:,} bytes, {self.attempts} attempt(s), {self.seconds:.2f}s"
+            f"{self.bytes_written:,} bytes{' (desired written whole)' if self.whole else ''}, "
+            f"{self.attempts} attempt(s), {self.seconds:.2f}s"
         )

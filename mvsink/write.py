@@ -38,7 +38,7 @@ from mvsink.compat import from_arrow, to_arrow
 from mvsink.correction import I64
 from mvsink.delta import DataFile, NewFile
 from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where, first_line
-from mvsink.fingerprint import fingerprints, quote
+from mvsink.fingerprint import FP_A, FP_B, fingerprints, quote
 from mvsink.index import FileEntry, StoredIndex
 from mvsink.schema import arrow_schema
 from mvsink.storage import Store, Written
@@ -553,13 +553,18 @@ def write_frame(
     changes: str | None = None,
 ) -> list[Written]:
     """Write a DataFrame's rows from Spark tasks, never collecting them: each task writes its
-    rows through ``Store.write`` (and their index entries), and under ``changes`` their change
-    file, and returns one row per file."""
-    rows = frame.select(*[F.col(quote(c)) for c in layout.struct.names])
+    rows through ``Store.write`` (and their index entries: from the frame's ``FP_A``/``FP_B``
+    columns where it has them, else hashed), and under ``changes`` their change file, and
+    returns one row per file."""
+    carried = index is not None and {FP_A, FP_B} <= set(frame.columns)
+    names = (*layout.struct.names, *((FP_A, FP_B) if carried else ()))
+    rows = frame.select(*[F.col(quote(c)) for c in names])
     order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
     if order:
         rows = rows.sortWithinPartitions(*order)
-    task = _TaskWriter(store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes)
+    task = _TaskWriter(
+        store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes, carried
+    )
     try:
         table = to_arrow(rows.mapInArrow(task, _FILES))
     except Exception as exc:
@@ -620,6 +625,8 @@ class _TaskWriter:
     max_rows_per_file: int
     index: StoredIndex | None
     changes: str | None = None
+    carried: bool = False
+    """The rows come with their fingerprints (``FP_A``, ``FP_B``, computed by Spark)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         buffer: list[pa.RecordBatch] = []
@@ -636,8 +643,14 @@ class _TaskWriter:
 
     def _flush(self, buffer: list[pa.RecordBatch]) -> pa.RecordBatch:
         with in_task(f"writing under {self.folder}"):
-            rows = pa.Table.from_batches(buffer).cast(self.schema)
-            fps = fingerprints(rows) if self.index is not None else None
+            rows = pa.Table.from_batches(buffer)
+            fps = None
+            if self.carried:
+                fps = (rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy())
+                rows = rows.drop_columns([FP_A, FP_B])
+            rows = rows.cast(self.schema)
+            if self.index is not None and fps is None:
+                fps = fingerprints(rows)
             written = self.store.write(
                 self.folder, rows, self.partition_by, self.max_rows_per_file, fps, schema=self.schema
             )
@@ -707,8 +720,12 @@ class _TaskRewriter:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for row, file in task_files(batches):
-            rewrite = Rewrite(file, None, np.asarray(row["drop"], dtype=np.int64))
-            with in_task(f"rewriting {rewrite.file.path}"):
+            with in_task(f"rewriting {file.path}"):
+                # The kept rows' fingerprints: the file's stored entry (the diff read it), so
+                # only a file without one is hashed again.
+                entry = self.index.get(file) if self.index is not None else None
+                fps = None if entry is None else (entry.a, entry.b)
+                rewrite = Rewrite(file, None, np.asarray(row["drop"], dtype=np.int64), fps)
                 done = _write_kept(
                     self.store,
                     self.folder,

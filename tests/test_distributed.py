@@ -232,18 +232,20 @@ def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
 @pytest.mark.single_engine  # the placement's choice; the engine commits a handful of files
 @pytest.mark.parametrize("mode", ["complete", "upsert"])
 def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_target, mode, caplog):
-    """A 10-row target and a 20 MB batch: the driver path cannot collect it under the suite's
-    8 MB spark.driver.maxResultSize, so ``auto`` falls back to Spark tasks for that epoch,
-    and judges the next epochs by the view's size in bytes, not rows."""
+    """A 10-row target and a 20 MB batch, under the suite's 8 MB spark.driver.maxResultSize.
+    Upsert cannot collect the batch: ``auto`` falls back to Spark tasks for that epoch.
+    Complete mode collects 16 bytes a row (the fingerprints), which fit; the 200K rows to insert
+    do not, so Spark tasks write them. A view whose fingerprints alone pass the limit plans in
+    Spark tasks, from then on."""
     options = {"mode": mode, "key": ["id"]} if mode == "upsert" else {}
     sink = MVSink(local_target, "big", **options)
     sink(wide(spark, 10, "a"), 0)
     caplog.set_level("WARNING", logger="mvsink")
     assert sink(wide(spark, 200_000, "b"), 1).outcome == "committed"
-    assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
     assert verify(wide(spark, 200_000, "b"), local_target, "big").equal  # compared in Spark
-    caplog.clear()
     if mode == "upsert":
+        assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+        caplog.clear()
         # An upsert batch brings only the changed keys: the fallback is for that epoch only.
         small = wide(spark, 10, "d")
         assert sink(small, 2).outcome == "committed"
@@ -253,15 +255,23 @@ def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_targe
             wide(spark, 200_000, "b").where("id >= 10").unionByName(small), local_target, "big"
         ).equal
         return
-    batch = wide(spark, 200_000, "b").where("id != 5")
-    assert sink(batch, 2).outcome == "committed"
-    # Planned in tasks from the start: that sink saw a complete batch too big for the driver.
+    assert any("Spark tasks write them" in r.getMessage() for r in caplog.records)
     assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert "collect" in sink.last_report.phases  # the fingerprints came to the driver
+    batch = wide(spark, 200_000, "b").where("id != 5")
+    assert sink(batch, 2).retracted == 1
     assert verify(batch, local_target, "big").equal
-    assert "collect" not in sink.last_report.phases
-    fresh = MVSink(local_target, "big")  # a new sink judges by the view's bytes: over half the limit
-    assert fresh(batch, 3).outcome in ("committed", "unchanged")
-    assert "collect" not in fresh.last_report.phases
+    # 600K rows of fingerprints are about 14 MB: over the limit, whatever the rows' width.
+    caplog.clear()
+    many = spark.range(600_000).select("id", F.lit("z").alias("s"))
+    narrow = MVSink(f"{local_target}-narrow", "narrow")
+    narrow(many.limit(10), 0)
+    assert narrow(many, 1).outcome == "committed"
+    assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert verify(many, f"{local_target}-narrow", "narrow").equal
+    caplog.clear()
+    assert narrow(many.where("id != 7"), 2).retracted == 1
+    assert "collect" not in narrow.last_report.phases  # planned in tasks from the start
     assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
 
 

@@ -373,3 +373,111 @@ def test_a_foreign_file_naming_a_column_in_another_case_is_read_by_name(spark, t
     sink(spark.createDataFrame([(3, 31)], "id long, Amount long"), 1)  # rewrites the foreign file
     got = {r["id"]: r["Amount"] for r in target_table(target).to_pylist()}
     assert got == {1: 10, 2: 20, 3: 31, 4: 40}
+
+
+def test_an_index_of_an_older_fingerprint_version_is_never_used_and_is_rebuilt_once(spark, target, placement):
+    from mvsink.delta import load_snapshot
+    from mvsink.errors import Where
+    from mvsink.fingerprint import FINGERPRINT_VERSION, fingerprints
+    from mvsink.index import FileEntry, StoredIndex
+    from mvsink.schema import arrow_schema, target_struct
+    from mvsink.storage import Store
+
+    MVSink(target, "old", max_rows_per_file=4, placement=placement)(people(spark, range(12)), 0)
+    snap = load_snapshot(target, "mvsink:old", {}, Where("old", target))
+    assert snap.schema_json is not None
+    schema = arrow_schema(target_struct(snap.schema_json))
+    store = Store(snap.root)
+    current = StoredIndex.of(store, "old", schema)
+    older = StoredIndex.of(store, "old", schema, version=FINGERPRINT_VERSION - 1)
+    assert older.digest != current.digest
+    # The table as an older mvsink left it: entries under the old version's folder only. These
+    # hold what the next desired's rows hash to, so a sink that used them would see nothing to do.
+    changed = people(spark, range(12), suffix="-new")
+    for f in snap.files:
+        rows = store.read(f, schema, ())
+        renamed = rows.set_column(1, "name", pa.array([f"{n}-new" for n in rows.column("name").to_pylist()]))
+        older.put(f.key, f.size, FileEntry(*fingerprints(renamed)))
+    current.forget(f.key for f in snap.files)
+
+    restarted = MVSink(target, "old", max_rows_per_file=4, placement=placement)
+    report = restarted(changed, 1)
+    assert (report.inserted, report.retracted) == (12, 12)
+    if placement == "driver":  # (tasks do the reading on the distributed path)
+        assert report.files_read == len(snap.files)  # every file read and re-indexed, once
+    assert_equal_to(target, changed)
+    again = MVSink(target, "old", max_rows_per_file=4, placement=placement)(changed, 2)
+    assert (again.inserted, again.retracted, again.files_read) == (0, 0, 0)
+
+
+def test_a_correction_touching_most_files_writes_desired_whole(spark, target, monkeypatch):
+    import mvsink.complete
+
+    monkeypatch.setattr(mvsink.complete, "WHOLE_MIN_BYTES", 0)  # the tables here are small
+    sink = MVSink(target, "whole", max_rows_per_file=5, placement="driver")
+    sink(people(spark, range(40)), 0)
+    before = live_files(target)
+    # One row in each file changes: rewriting every file moves more bytes than writing desired.
+    scattered = frame(spark, [(i, f"n{i}" + ("!" if i % 5 == 2 else ""), i / 2) for i in range(40)])
+    report = sink(scattered, 1)
+    assert report.whole and (report.inserted, report.retracted) == (40, 40)
+    assert set(removed(target, report.version)) == before
+    assert commit_info(target, report.version)["mvsink.whole"] == "true"
+    assert_equal_to(target, scattered)
+    # Spark wrote the files and their index entries: the next epoch reads nothing, writes nothing.
+    same = sink(scattered, 2)
+    assert (same.inserted, same.retracted, same.files_read, same.whole) == (0, 0, 0, False)
+    # A change confined to one file is corrected file by file.
+    one = frame(
+        spark,
+        [(i, f"n{i}" + ("!" if i % 5 == 2 else "") + ("?" if i == 0 else ""), i / 2) for i in range(40)],
+    )
+    narrow = sink(one, 3)
+    assert not narrow.whole and (narrow.inserted, narrow.retracted) == (1, 1)
+    assert "mvsink.whole" not in commit_info(target, narrow.version)
+    assert_equal_to(target, one)
+
+
+def test_rows_to_insert_past_the_drivers_share_are_written_by_spark_tasks(spark, target, monkeypatch, caplog):
+    import mvsink.complete
+
+    monkeypatch.setattr(mvsink.complete, "DRIVER_INSERT_ROWS", 0)
+    caplog.set_level("INFO", logger="mvsink")
+    sink = MVSink(target, "tasks", max_rows_per_file=3, placement="driver")
+    rows = [(1, "a", 1.0)] * 3 + [(2, None, float("nan"))] + [(3, "c", -0.0)]
+    sink(frame(spark, rows), 0)
+    # More copies of one row, a new row, one gone: the inserts come from tasks, copies exact.
+    rows2 = [(1, "a", 1.0)] * 5 + [(2, None, float("nan"))] + [(4, "d", 4.0)] * 2
+    report = sink(frame(spark, rows2), 1)
+    assert (report.inserted, report.retracted) == (4, 1)
+    assert any("written by Spark tasks" in r.getMessage() for r in caplog.records)
+    assert_equal_to(target, frame(spark, rows2))
+    # The tasks stored the new files' index entries from Spark's fingerprints: nothing to do next.
+    again = sink(frame(spark, list(reversed(rows2))), 2)
+    assert (again.inserted, again.retracted, again.files_read) == (0, 0, 0)
+
+
+def test_rows_named_by_stale_row_numbers_are_found_by_content_instead(spark, target, monkeypatch, caplog):
+    from pyspark.sql import functions as F
+
+    import mvsink.complete
+
+    numbered = mvsink.complete.Complete._numbered
+    calls: list[int] = []
+
+    def renumbered(self, layout):  # the cache computed again, its rows in another order
+        calls.append(1)
+        rows = numbered(self, layout)
+        return (
+            rows.withColumn(mvsink.complete._ROW, F.col(mvsink.complete._ROW) + 1) if len(calls) > 1 else rows
+        )
+
+    sink = MVSink(target, "stale", placement="driver")
+    sink(people(spark, range(20)), 0)
+    monkeypatch.setattr(mvsink.complete.Complete, "_numbered", renumbered)
+    caplog.set_level("WARNING", logger="mvsink")
+    desired = people(spark, range(5, 25))
+    report = sink(desired, 1)
+    assert (report.inserted, report.retracted) == (5, 5) and len(calls) == 2
+    assert any("found by fingerprint" in r.getMessage() for r in caplog.records)
+    assert_equal_to(target, desired)
