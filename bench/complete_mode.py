@@ -177,7 +177,7 @@ def _run(args: argparse.Namespace, root: str, options: dict[str, str]) -> dict[s
             if len(v) > epoch
         )
         phases = " ".join(f"{k}={v:.2f}" for k, v in report.phases.items())
-        whole = " (desired written whole)" if report.whole else ""
+        whole = " (desired written whole)" if getattr(report, "whole", False) else ""
         detail = (
             f"mvsink +{report.inserted} -{report.retracted}, {report.files_removed} files "
             f"rewritten{whole}; {phases}"

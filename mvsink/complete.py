@@ -57,8 +57,9 @@ BROADCAST_ROWS = 1_000_000
 their rows."""
 
 DRIVER_INSERT_ROWS = 200_000
-"""Up to this many rows to insert are brought to the driver and written there; more are
-written by Spark tasks (never collected)."""
+"""Up to this many rows to insert (and their row numbers, broadcast: see ``_broadcastable``)
+are brought to the driver and written there; more are written by Spark tasks (never
+collected)."""
 WHOLE_MIN_BYTES = 64 << 20
 """Desired is written whole only when that is at least this big (estimated from the table's
 bytes per row): below it, one Spark write job costs more than the driver's small rewrites."""
@@ -105,7 +106,7 @@ class Complete:
         rewrites = self._rewrites(snap, drops)
         if not corr.inserted:
             return Plan(None, 0, rewrites, index=self.stored)
-        fetched = self._fetch(corr) if corr.inserted <= DRIVER_INSERT_ROWS else None
+        fetched = self._fetch(corr) if self._broadcastable(corr.inserted, 8, DRIVER_INSERT_ROWS) else None
         if fetched is None:
             log.info("%s: %d rows to insert: written by Spark tasks", ctx.where, corr.inserted)
             return Plan(self._inserts(corr), corr.inserted, rewrites, index=self.stored)
@@ -269,13 +270,20 @@ class Complete:
             }
         )
         keys_df = from_arrow(self.ctx.batch.sparkSession, keys, f"{FP_A} long, {FP_B} long, {_N} long")
-        if keys.num_rows <= BROADCAST_ROWS:
+        if self._broadcastable(keys.num_rows, 24, BROADCAST_ROWS):
             keys_df = F.broadcast(keys_df)
         rows = hashed.join(keys_df, [FP_A, FP_B])
         if len(corr.part_n):  # some fingerprints insert fewer copies than desired holds
             copies = Window.partitionBy(FP_A, FP_B).orderBy(FP_A)
             rows = rows.withColumn(_RANK, F.row_number().over(copies)).where(F.col(_RANK) <= F.col(_N))
         return rows.select(*layout.struct.names, FP_A, FP_B).repartition(tasks)
+
+    def _broadcastable(self, rows: int, row_bytes: int, most: int) -> bool:
+        """Whether ``rows`` keys of ``row_bytes`` each may be broadcast: at most ``most``, and
+        a quarter of the driver's result limit (a broadcast passes through the driver, and
+        counts against it where its rows come from tasks)."""
+        limit = self.ctx.result_limit()
+        return rows <= most and (not limit or rows * row_bytes <= limit // 4)
 
     def _whole_is_cheaper(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> bool:
         """Whether writing desired whole moves fewer bytes than the correction: reading each
