@@ -363,9 +363,3 @@ def _nested(h: U64, arr: pa.Array, null: npt.NDArray[np.bool_], lane: int) -> U6
         on = np.flatnonzero(sizes > k)
         h[on] = _absorb(h[on], values.take(pa.array(firsts[on] + k)), lane)
     return h
-
-
-def with_fingerprints(rows: pa.Table) -> pa.Table:
-    """``rows`` with the two fingerprint columns appended."""
-    a, b = fingerprints(rows)
-    return rows.append_column(FP_A, pa.array(a)).append_column(FP_B, pa.array(b))
