@@ -42,7 +42,7 @@ from mvsink.compat import from_arrow, to_arrow
 from mvsink.context import EpochContext
 from mvsink.correction import I64, Correction, Fingerprints, diff
 from mvsink.delta import Snapshot
-from mvsink.distributed import SparkCorrection, correction, persisted_rows, with_fingerprints
+from mvsink.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.fingerprint import FP_A, FP_B, quote, spark_lanes
 from mvsink.index import PersistedIndex, StoredIndex
 from mvsink.rules import RULE, Rules, raise_broken, rules_for
@@ -148,11 +148,8 @@ class Complete:
         ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
         spark = ctx.batch.sparkSession
         try:
-            # Not cached: tasks read the stored entries again for the retractions, which costs
-            # less than caching every row (the files are immutable, so both reads agree).
-            persisted = persisted_rows(spark, snap, self.stored, layout)
             with ctx.phase("diff"):
-                corr = correction(spark, desired, persisted, snap, layout, ctx.opts.max_rows_per_file)
+                corr = correction(spark, desired, snap, self.stored, layout, ctx.opts.max_rows_per_file)
                 self.attempt.append(corr)
         except Exception as exc:
             raise_task_errors(exc, ctx.where)

@@ -20,11 +20,14 @@ from pyspark.sql import functions as F
 
 from mvsink import MVSink
 from mvsink.delta import load_snapshot
+from mvsink.distributed import SKETCH_BITS, changed_buckets, with_fingerprints
 from mvsink.errors import StorageError, Where
+from mvsink.fingerprint import fingerprints
 from mvsink.index import HIDDEN, StoredIndex
 from mvsink.schema import arrow_schema, target_struct
 from mvsink.storage import wait_for_cleanup
 from mvsink.verify import verify
+from mvsink.write import Layout
 from tests.helpers import assert_equal_to, live_files, target_table
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
@@ -304,3 +307,31 @@ def test_index_entries_of_removed_files_go_off_the_epochs_path(spark, local_targ
         gate.set()
     index, files = stored_index(local_target, "bg")
     assert index_entries(local_target, "bg") == {index.path(f.key) for f in files}
+
+
+def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_target):
+    """The persisted side's bucket summaries (numpy, in the index tasks) and desired's (Spark)
+    agree wherever the rows do: after one row changes, exactly the buckets of its old and new
+    fingerprints differ, and none when nothing changed. Were the two evaluators to disagree,
+    every bucket would differ and the diff would quietly lose its filter."""
+    sink = MVSink(local_target, "sketch", placement="distributed", max_rows_per_file=20_000)
+    extremes = F.when(F.col("id") % 3 == 0, F.lit(None)).otherwise(F.col("id") * -(2**40))
+    rows = spark.range(50_000).select("id", extremes.alias("v"), F.col("id").cast("string").alias("s"))
+    sink(rows, 0)
+    snap = load_snapshot(local_target, "mvsink:sketch", {}, Where())
+    assert snap.schema_json is not None
+    layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+    stored = StoredIndex.of(sink.store, "sketch", layout.arrow)
+
+    def buckets(frame: DataFrame) -> set[int]:
+        mask = changed_buckets(spark, with_fingerprints(frame, layout), snap, stored, layout)
+        return {int(b) for b in np.flatnonzero(mask)}
+
+    assert buckets(rows) == set()
+    moved = rows.select("id", F.when(F.col("id") == 7, F.lit(5)).otherwise(F.col("v")).alias("v"), "s")
+    before = pa.table({"id": [7], "v": [7 * -(2**40)], "s": ["7"]}, schema=layout.arrow)
+    after = pa.table({"id": [7], "v": [5], "s": ["7"]}, schema=layout.arrow)
+    want = {
+        int(fingerprints(t)[0].view(np.uint64)[0] >> np.uint64(64 - SKETCH_BITS)) for t in (before, after)
+    }
+    assert buckets(moved) == want
