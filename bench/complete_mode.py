@@ -38,8 +38,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
+from mvsink.cli.session import local_session
 from mvsink.compat import to_arrow
-from mvsink.session import local_session
 
 
 def selected(pattern: str, epoch: int, rows: int, percent: float) -> Column:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mvsink.storage import Store, _filesystem
+from mvsink.table.storage import Store, _filesystem
 from tests.s3server import BUCKET, free_port, moto_server
 
 

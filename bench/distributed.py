@@ -31,12 +31,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
-from mvsink.delta import load_snapshot
+from mvsink.cli.session import local_session
 from mvsink.errors import Where
-from mvsink.fingerprint import fingerprints
-from mvsink.index import PersistedIndex, StoredIndex
-from mvsink.schema import arrow_schema, target_struct
-from mvsink.session import local_session
+from mvsink.table.delta import load_snapshot
+from mvsink.table.fingerprint import fingerprints
+from mvsink.table.index import PersistedIndex, StoredIndex
+from mvsink.table.schema import arrow_schema, target_struct
 
 
 def desired(

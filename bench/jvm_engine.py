@@ -35,7 +35,7 @@ from complete_mode import desired, steady_state
 from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import MVSink
-from mvsink.session import local_session
+from mvsink.cli.session import local_session
 
 DV = "'delta.enableDeletionVectors' = 'true'"
 NO_DV = "'delta.enableDeletionVectors' = 'false'"

@@ -26,9 +26,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import MVSink, status, vacuum, verify
-from mvsink.compact import compact
-from mvsink.session import local_session
-from mvsink.sources import register
+from mvsink.cli.session import local_session
+from mvsink.ops.compact import compact
+from mvsink.sources.reader import register
 
 
 def view(spark: SparkSession, rows: int, epoch: int) -> DataFrame:

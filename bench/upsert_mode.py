@@ -26,8 +26,8 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
+from mvsink.cli.session import local_session
 from mvsink.compat import from_arrow, to_arrow
-from mvsink.session import local_session
 
 
 def log_figures(path: str, version: int) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """mvsink: keep a Delta table exactly equal to a Spark Structured Streaming query's result."""
 
+from mvsink._version import __version__
 from mvsink.config import RetryPolicy, SinkOptions
 from mvsink.errors import (
     CommitOutcomeUnknownError,
@@ -15,13 +16,12 @@ from mvsink.errors import (
     StorageError,
     UnsupportedTableError,
 )
+from mvsink.ops.promote import frontier, promote
+from mvsink.ops.status import Status, status
+from mvsink.ops.vacuum import Vacuum, vacuum
+from mvsink.ops.verify import Verification, verify
 from mvsink.report import EpochReport
-from mvsink.sink import MVSink, frontier, promote
-from mvsink.status import Status, status
-from mvsink.vacuum import Vacuum, vacuum
-from mvsink.verify import Verification, verify
-
-__version__ = "0.1.0"
+from mvsink.sink import MVSink
 
 __all__ = [
     "CommitOutcomeUnknownError",

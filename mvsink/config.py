@@ -15,10 +15,10 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mvsink.cadence import Cadence
-from mvsink.catalog import check_name, is_path
-from mvsink.delta import REMOTE_SCHEMES, nested
+from mvsink.epoch.cadence import Cadence
 from mvsink.errors import ConfigError, Where
+from mvsink.table.catalog import check_name, is_path
+from mvsink.table.delta import REMOTE_SCHEMES, nested
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 

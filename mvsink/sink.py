@@ -1,20 +1,21 @@
 """The sink: keeps a Delta table equal to a streaming query's result, epoch by epoch.
 
-``MVSink`` is a ``foreachBatch`` callable. Each call runs one epoch through three steps:
+``MVSink`` is a ``foreachBatch`` callable. Each call runs one epoch; each attempt of it:
 
-    micro-batch (desired) ──┐
-                            v
-    snapshot ──> mint ──> write ──> append ──> Delta log
-       ^         (desc)   (staged)    │
-       └───── conflict: discard staged files, reload, retry ──┘
+    micro-batch (desired) ──────────────┐
+                                         v
+    snapshot ──> decide ──> plan ──> stage ──> commit ──> Delta log
+       ^         (desc)            (files)      │
+       └──────── conflict: discard staged files, reload, retry ──┘
 
-* mint (``mint.py``): from the latest snapshot (version ``v``, frontier ``lower``) decide the
-  batch description ``(lower, epoch + 1)``, or nothing (replay, before ``as_of``, read-only).
-* write: the mode (``complete.py``, ``upsert.py``, ``append.py``) plans the rows to insert and
-  the files to rewrite; ``write.py`` stages them as Parquet that nothing references yet,
-  through the I/O layer (``storage.py``), on the driver or in Spark tasks.
-* append (``delta.py``): commit removes, adds and the frontier in one Delta version, only if
-  no commit at all landed since ``v``.
+* decide (``epoch/decide.py``): from the latest snapshot (version ``v``, frontier ``lower``),
+  commit the batch description ``(lower, epoch + 1)``, or skip, for a named reason.
+* plan: the mode (``plan/complete.py``, ``plan/upsert.py``, ``plan/append.py``) plans the rows
+  to insert and the files to rewrite.
+* stage (``table/write.py``): the plan as Parquet that nothing references yet, through the
+  I/O layer (``table/storage.py``), on the driver or in Spark tasks.
+* commit (``table/delta.py``): removes, adds and the frontier in one Delta version, only if no
+  commit at all landed since ``v``.
 
 The frontier of view ``name`` is the app transaction ``mvsink:<name>`` in the Delta log: the
 target holds desired as of epoch ``frontier - 1``.
@@ -45,39 +46,42 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame
 
-from mvsink.append import Append
-from mvsink.cadence import Cadence, at_key, now_ms
-from mvsink.catalog import is_path, locate
-from mvsink.clock import Stall, Time, Verdict, batch_start, committed_time, compare, epoch_time
-from mvsink.clock import transactions as clock_transactions
 from mvsink.compat import is_dataframe
-from mvsink.complete import Complete
 from mvsink.config import SinkOptions
-from mvsink.context import DriverBudget, EpochContext
-from mvsink.deletion_vectors import vector_files
-from mvsink.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
+from mvsink.epoch.cadence import at_key, now_ms
+from mvsink.epoch.clock import Stall, batch_start, epoch_time
+from mvsink.epoch.clock import transactions as clock_transactions
+from mvsink.epoch.decide import Clocked, Skip, decide
+from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
+from mvsink.epoch.mint import BatchDescription
+from mvsink.epoch.workers import check_workers
 from mvsink.errors import (
     CommitOutcomeUnknownError,
     ConfigError,
     ConflictError,
     InputError,
     InvariantViolation,
-    LineageError,
     RetriesExhaustedError,
     UnsupportedTableError,
     Where,
 )
-from mvsink.index import PersistedIndex
-from mvsink.lineage import DIRECT, Lineage, Writers, lineage_of
-from mvsink.mint import BatchDescription, mint
-from mvsink.quarantine import Quarantine, check_expressions
+from mvsink.ops.promote import promote
+from mvsink.plan.append import Append
+from mvsink.plan.complete import Complete
+from mvsink.plan.context import DriverBudget, EpochContext
+from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
+from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
-from mvsink.schema import (
+from mvsink.table.catalog import is_path, locate
+from mvsink.table.deletion_vectors import vector_files
+from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
+from mvsink.table.index import PersistedIndex
+from mvsink.table.schema import (
     check_fits,
     check_roles,
     check_supported,
@@ -85,10 +89,8 @@ from mvsink.schema import (
     target_schema_json,
     target_struct,
 )
-from mvsink.storage import Store
-from mvsink.upsert import Upsert
-from mvsink.workers import check_workers
-from mvsink.write import Layout, Plan, Staged, discard, stage
+from mvsink.table.storage import Store
+from mvsink.table.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
 metrics = logging.getLogger("mvsink.metrics")
@@ -222,7 +224,7 @@ class MVSink:
         missed it in a crash), never for one the view refused (fenced, read-only, before
         ``as_of``), so it follows the view's lineage and active writer."""
         if self._errors is None:
-            self._errors = Quarantine(self.options)
+            self._errors = Quarantine(MVSink.from_options(errors_options(self.options)))
         marked, ok, bad = self._errors.split(batch_df, self.options, where)
         try:
             report = _Epoch(self, ok, epoch_id).run()
@@ -243,7 +245,7 @@ class MVSink:
         """Append the view's committed epochs to the metrics table (``metrics.py``). The epoch
         is committed whatever happens here: a failure is a WARNING, and the next epoch's
         append fills the gap."""
-        from mvsink.metrics import record
+        from mvsink.ops.metrics import record
 
         opts = self.options
         assert opts.metrics_table is not None
@@ -266,7 +268,7 @@ class MVSink:
     def _compact(self, where: Where) -> None:
         """Merge small files after a committed epoch (``compact_every``). The epoch is
         committed whatever happens here: a failure is a WARNING, never the epoch's error."""
-        from mvsink.compact import compact
+        from mvsink.ops.compact import compact
 
         opts = self.options
         try:
@@ -374,61 +376,24 @@ class _Epoch:
                 )
             self._check_append_only(snap)
             layout = self._layout(snap)
-            lineage = Lineage.read(snap, opts.app_id, self.lineage)
-            writers = Writers.read(snap, opts.app_id, opts.writer)
-            verdict, committed = None, None
-            if self.time is not None:
-                committed = committed_time(snap, opts.app_id, self.time)
-                verdict = compare(self.time, committed)
-            desc = mint(
+            decision = decide(
+                snap,
                 self.epoch,
-                snap.frontier,
-                lineage,
-                as_of=opts.as_of,
-                # A standby the target names active writes from its next epoch.
-                read_only=self.sink.read_only and not writers.is_active,
-                adopt=opts.new_lineage_policy == "adopt",
-                mode=opts.mode,
+                opts,
+                lineage=self.lineage,
+                time=self.time,
+                read_only=self.sink.read_only,
+                batch_start=lambda: batch_start(ctx.batch, self.epoch, opts, self.where),
                 where=self.where,
-                verdict=verdict,
-                active_writer=writers.is_active,
             )
-            if isinstance(desc, BatchDescription) and not writers.may_write:
-                log.warning(
-                    "%s: writer %s is not the view's active writer (another was promoted); this "
-                    "epoch writes nothing",
-                    self.where,
-                    opts.writer,
-                )
+            if decision.clock is not None:
+                self._watch_stall(decision.clock)
+            if isinstance(decision, Skip):
+                plan = self.mode.plan(snap, layout) if decision.plans else None
                 ctx.drain()
-                return self._report("fenced", snap.frontier, None, None, attempt)
-            if verdict is not None:
-                self._watch_stall(verdict, committed)
-            if desc in ("replay", "before_as_of", "fenced"):
-                if desc == "fenced":
-                    log.warning(
-                        "%s: lineage %s was superseded by another that took the view over; this "
-                        "epoch writes nothing (stop this job, or restart it with a new checkpoint "
-                        "to take the view back)",
-                        self.where,
-                        self.lineage,
-                    )
-                ctx.drain()
-                return self._report(desc, snap.frontier, None, None, attempt)
-            must = self._must_commit(snap, desc, lineage)
-            refresh = self.opts.refresh
-            if isinstance(desc, BatchDescription) and not must and refresh is not None:
-                if not self._due(refresh, snap, desc, lineage):
-                    # Between refreshes: the batch runs (Spark needs it to), nothing is
-                    # collected, compared or written.
-                    ctx.drain()
-                    return self._report("between_refreshes", snap.frontier, None, None, attempt)
-                must = True  # a refresh commits even when nothing changed: the next one counts from it
-            self._check_gap(desc, committed)
+                return self._report(decision.reason, snap.frontier, None, None, attempt, plan=plan)
+            desc = decision.desc
             plan = self.mode.plan(snap, layout)
-            if not isinstance(desc, BatchDescription):
-                ctx.drain()  # append mode plans without running the batch
-                return self._report(desc, snap.frontier, None, None, attempt, plan=plan)
             with ctx.phase("write"):
                 staged = stage(
                     plan,
@@ -444,10 +409,8 @@ class _Epoch:
                 )
                 if is_dataframe(plan.inserts):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
-            if not (staged.adds or staged.removes or must) and not self._due(
-                self.opts.heartbeat_cadence, snap, desc, lineage
-            ):
-                # Nothing to change and no heartbeat due: no version (cadence.py).
+            if not (staged.adds or staged.removes or decision.always):
+                # Nothing to change and no heartbeat due: no version (decide.py).
                 self._discard(staged, plan)
                 ctx.drain()
                 return self._report("unchanged", desc.lower, None, None, attempt)
@@ -470,11 +433,11 @@ class _Epoch:
                         app_id=opts.app_id,
                         upper=desc.upper,
                         attempt_id=uuid.uuid4().hex,
-                        metadata=self._metadata(desc, staged, lineage, attempt),
+                        metadata=self._metadata(desc, staged, decision.lineage, attempt),
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
-                        transactions=self._transactions(desc, lineage, writers),
+                        transactions=self._transactions(desc, decision.lineage, decision.writers),
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
@@ -503,11 +466,12 @@ class _Epoch:
             self.where,
         )
 
-    def _watch_stall(self, verdict: Verdict, committed: Time | None) -> None:
+    def _watch_stall(self, clock: Clocked) -> None:
         """Under a shared clock, an epoch behind or incomparable writes nothing; when that goes
         on while the committed time stands still, nobody advances the view (``clock.Stall``):
         a WARNING each epoch, and a note ``mvsink status`` shows."""
         stall, store = self.sink._stall, self.ctx.store
+        verdict, committed = clock.verdict, clock.committed
         who = f"{self.opts.writer or ''}\n{self.lineage}"
         if not stall.observe(verdict, committed, self.epoch):
             if verdict in ("ahead", "same"):
@@ -570,60 +534,6 @@ class _Epoch:
         if self.time is not None:
             return {**clock_transactions(self.opts.app_id, self.time), **writers.restamp(), **at}
         return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
-
-    def _must_commit(self, snap: Snapshot, desc: BatchDescription | str, lineage: Lineage) -> bool:
-        """Whether this epoch commits even with nothing to change: in upsert and append mode
-        always (the next epoch's gap check takes an uncommitted epoch for a lost one); in
-        complete mode when it creates the table, takes the view over or records its lineage
-        for the first time."""
-        if self.opts.mode != "complete" or not isinstance(desc, BatchDescription) or not snap.exists:
-            return True
-        return desc.takeover or (lineage.owner is None and not desc.clocked)
-
-    def _since(self, snap: Snapshot, desc: BatchDescription, lineage: Lineage) -> int | None:
-        """Epochs since the lineage's last commit (None: not known, e.g. under a shared clock)."""
-        own = lineage.frontier if lineage.owns else None
-        return None if desc.clocked or own is None else desc.upper - own
-
-    def _due(self, cadence: Cadence, snap: Snapshot, desc: BatchDescription, lineage: Lineage) -> bool:
-        last_at = snap.transaction(at_key(self.opts.app_id))
-        return cadence.due(epochs_since=self._since(snap, desc, lineage), last_at_ms=last_at)
-
-    def _check_gap(self, desc: BatchDescription | str, committed: Time | None) -> None:
-        """Only a complete batch repairs everything: in upsert or append mode, epochs of this
-        lineage between the frontier and this one that were never written would be missing
-        rows, so that is a ``LineageError`` unless ``allow_gaps`` (then a warning). (This is
-        why the heartbeat thins complete mode only: here a version is the proof that an epoch
-        was applied.)"""
-        if self.opts.mode == "complete" or not isinstance(desc, BatchDescription):
-            return
-        if desc.takeover and self.epoch > self.opts.as_of:
-            message = (
-                f"a new lineage takes the view over at its epoch {self.epoch}, not its first: in "
-                f"{self.opts.mode} mode the rows of its earlier epochs would be missing"
-            )
-        elif desc.clocked:
-            # The batch covers (its start, its end]: rows between the committed time and its
-            # start were never written by anyone.
-            start = batch_start(self.ctx.batch, self.epoch, self.opts, self.where)
-            if committed is None or start is None or compare(start, committed) in ("behind", "same"):
-                return
-            message = (
-                f"this batch starts at {start}, past the committed source offsets {committed}: in "
-                f"{self.opts.mode} mode the rows in between would be missing (a replica that skipped "
-                "batches, or a standby that started late)"
-            )
-        elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
-            return
-        else:
-            message = (
-                f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
-                f"{self.opts.mode} mode their rows would be missing (was the table restored, a "
-                "standby promoted late, or the checkpoint replaced?)"
-            )
-        if not self.opts.allow_gaps:
-            raise LineageError(message + ". Nothing was written; set allow_gaps=True to go on.", self.where)
-        log.warning("%s: %s", self.where, message)
 
     def _layout(self, snap: Snapshot) -> Layout:
         """The target's schema and partition columns: the table's, or those it will get."""
@@ -705,48 +615,3 @@ class _Epoch:
             attempts=attempts,
             seconds=time.monotonic() - self.started,
         )
-
-
-def promote(target: str, name: str, writer: str, storage_options: Mapping[str, str] | None = None) -> int:
-    """Record in the target that ``writer`` is view ``name``'s active writer; returns the
-    version that says so. One strict commit: of two promotions at once exactly one lands, the
-    other raises ``ConflictError`` (promote again if it should still win)."""
-    options = SinkOptions.build(
-        target=target, name=name, writer=writer, storage_options=dict(storage_options or {})
-    )
-    where = Where(name, target)
-    snap = load_snapshot(
-        locate(target, where), options.app_id, options.storage_options, where, engine=options.engine
-    )
-    return promote_on(snap, options, where)
-
-
-def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
-    """``promote`` against a given snapshot (the commit lands only on top of it)."""
-    if not snap.exists or snap.schema_json is None:
-        raise ConfigError("there is no Delta table at the target yet: start a writer first", where)
-    writers = Writers.read(snap, options.app_id, options.writer)
-    version = compare_and_append(
-        snap,
-        adds=(),
-        removes=(),
-        app_id=options.app_id,
-        upper=None,
-        attempt_id=uuid.uuid4().hex,
-        metadata={
-            "userMetadata": f"mvsink promote view {options.name}: writer {options.writer} is active",
-            "mvsink.view": options.name,
-            "mvsink.promoted": str(options.writer),
-        },
-        schema_json=snap.schema_json,
-        partition_by=snap.partition_by,
-        where=where,
-        transactions=writers.promotion(),
-    )
-    log.warning("%s: writer %s promoted to active writer in version %d", where, options.writer, version)
-    return version
-
-
-def frontier(target: str, name: str, storage_options: dict[str, str] | None = None) -> int | None:
-    """The frontier (upper) of view ``name`` in the Delta table at ``target``, or None."""
-    return read_frontier(locate(target, Where(name, target)), f"mvsink:{name}", storage_options or {})

@@ -28,9 +28,9 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-import mvsink.delta
+import mvsink.table.delta
+from mvsink.cli.session import DEFAULTS, local_session
 from mvsink.compat import SPARK_LINE
-from mvsink.session import DEFAULTS, local_session
 from tests.delta_session import DELTA_LINE, delta_conf
 from tests.s3server import BUCKET, free_port, moto_server, stop, wait_for_port
 
@@ -54,14 +54,14 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     Delta, for the sink and the operations alike; an engine named explicitly stays as named.
     Each line runs the engine it has (``pytest_collection_modifyitems``)."""
     if request.param == "delta-spark":
-        chosen = mvsink.delta._engine
+        chosen = mvsink.table.delta._engine
 
         def forced(
             root: str, dt: object, features: frozenset[str], engine: str, spark: object, where: object
         ) -> object:
             return chosen(root, dt, features, "delta-spark" if engine == "auto" else engine, spark, where)
 
-        monkeypatch.setattr(mvsink.delta, "_engine", forced)
+        monkeypatch.setattr(mvsink.table.delta, "_engine", forced)
     return str(request.param)
 
 

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from mvsink import ConfigError, MVSink
-from mvsink.catalog import is_path
+from mvsink.table.catalog import is_path
 from tests.test_sink import people
 
 
@@ -64,8 +64,8 @@ def test_the_operations_resolve_names_through_the_session_and_make_no_folder(
     spark, tmp_path, monkeypatch, capsys
 ):
     from mvsink import frontier, promote, status, vacuum
-    from mvsink.cli import main
-    from mvsink.compact import compact
+    from mvsink.cli.main import main
+    from mvsink.ops.compact import compact
 
     monkeypatch.chdir(tmp_path)
     for call in (
@@ -98,8 +98,8 @@ def test_under_connect_a_name_resolves_through_the_batchs_session(connect, tmp_p
 
 
 def test_compact_refuses_a_table_that_holds_no_commit_of_the_view(spark, tmp_path):
-    from mvsink.compact import compact
-    from mvsink.delta import foreign_append
+    from mvsink.ops.compact import compact
+    from mvsink.table.delta import foreign_append
 
     target = str(tmp_path / "view")
     MVSink(target, "revenue", max_rows_per_file=2)(people(spark, range(6)), 0)

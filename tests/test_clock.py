@@ -60,8 +60,8 @@ import os, sys, time
 sys.path.insert(0, os.getcwd())
 from pyspark.sql import functions as F
 from mvsink import MVSink
-from mvsink.session import local_session
-from mvsink.sources import register
+from mvsink.cli.session import local_session
+from mvsink.sources.reader import register
 source, local_target, ckpt, ready, stop = sys.argv[1:6]
 spark = local_session("replica", conf={"spark.driver.memory": "1g"})
 register(spark)
@@ -306,8 +306,8 @@ def old_clock_commit(rows, target: str, parts: dict[str, int]) -> None:
     import hashlib
     import uuid
 
-    from mvsink.delta import compare_and_append, load_snapshot
     from mvsink.errors import Where
+    from mvsink.table.delta import compare_and_append, load_snapshot
 
     MVSink(target, "v")(rows, 0)
     snap = load_snapshot(target, "mvsink:v", {}, Where())

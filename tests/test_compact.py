@@ -7,15 +7,15 @@ import pytest
 from deltalake import DeltaTable
 
 from mvsink import MVSink, frontier
-from mvsink.cli import main
-from mvsink.compact import compact
-from mvsink.delta import load_snapshot
+from mvsink.cli.main import main
 from mvsink.errors import Where
-from mvsink.fingerprint import fingerprints
-from mvsink.index import StoredIndex
-from mvsink.schema import target_struct
-from mvsink.storage import Store
-from mvsink.write import Layout
+from mvsink.ops.compact import compact
+from mvsink.table.delta import load_snapshot
+from mvsink.table.fingerprint import fingerprints
+from mvsink.table.index import StoredIndex
+from mvsink.table.schema import target_struct
+from mvsink.table.storage import Store
+from mvsink.table.write import Layout
 from tests.helpers import assert_equal_to, commit_info, live_files, log_entry, once, versions
 from tests.test_sink import people
 

@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from mvsink import MVSink, RetriesExhaustedError, frontier
-from mvsink.delta import foreign_append
+from mvsink.table.delta import foreign_append
 from tests.delta_session import delta_conf
 from tests.helpers import (
     added,
@@ -109,7 +109,7 @@ def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target, placem
 WORKER = r"""
 import json, sys, time, os
 sys.path.insert(0, os.getcwd())
-from mvsink.session import local_session
+from mvsink.cli.session import local_session
 from mvsink import MVSink
 target, go, epochs, mode, placement = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 engine, conf = sys.argv[6], json.loads(sys.argv[7])

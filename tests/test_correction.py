@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvsink.correction import Fingerprints, diff
+from mvsink.plan.correction import diff
+from mvsink.table.fingerprint import Fingerprints
 
 # Few distinct values so that duplicates, and 64-bit halves shared by different rows, are common.
 fp = st.tuples(st.integers(-3, 3), st.integers(-2, 2))

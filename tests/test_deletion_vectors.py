@@ -10,8 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
-from mvsink import deletion_vectors as dv
-from mvsink.storage import Store
+from mvsink.table import deletion_vectors as dv
+from mvsink.table.delta import unique_id
+from mvsink.table.storage import Store
 
 
 def test_the_protocols_example_descriptor_names_its_file():
@@ -79,7 +80,7 @@ def test_a_vector_file_is_checked_against_its_descriptor(tmp_path):
     assert len(paths) == 1 and next(iter(paths)).startswith("mvsink-v-e1-abc/deletion_vector_")
     for d, want in zip(descriptors, vectors, strict=True):
         assert np.array_equal(dv.read(store, d), want)
-        assert dv.unique_id(d) == f"u{d['pathOrInlineDv']}@{d['offset']}"
+        assert unique_id(d) == f"u{d['pathOrInlineDv']}@{d['offset']}"
     raw = (tmp_path / next(iter(paths))).read_bytes()
     assert raw[0] == 1 and struct.unpack_from(">I", raw, 1)[0] == descriptors[0]["sizeInBytes"]
     assert (
@@ -104,4 +105,4 @@ def test_an_inline_vector_is_read_from_the_descriptor():
         "cardinality": 2,
     }
     assert dv.read(Store("/nonexistent"), descriptor).tolist() == [2, 9]
-    assert dv.unique_id(descriptor) == "i" + descriptor["pathOrInlineDv"]
+    assert unique_id(descriptor) == "i" + descriptor["pathOrInlineDv"]

@@ -19,15 +19,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import MVSink
-from mvsink.delta import load_snapshot
-from mvsink.distributed import SKETCH_BITS, changed_buckets, with_fingerprints
 from mvsink.errors import StorageError, Where
-from mvsink.fingerprint import fingerprints
-from mvsink.index import HIDDEN, StoredIndex
-from mvsink.schema import arrow_schema, target_struct
-from mvsink.storage import wait_for_cleanup
-from mvsink.verify import verify
-from mvsink.write import Layout
+from mvsink.ops.verify import verify
+from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, with_fingerprints
+from mvsink.table.delta import load_snapshot
+from mvsink.table.fingerprint import fingerprints
+from mvsink.table.index import HIDDEN, StoredIndex
+from mvsink.table.schema import arrow_schema, target_struct
+from mvsink.table.storage import wait_for_cleanup
+from mvsink.table.write import Layout
 from tests.helpers import assert_equal_to, live_files, target_table
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
@@ -290,7 +290,7 @@ def test_index_entries_of_removed_files_go_off_the_epochs_path(spark, local_targ
     the files it removed: they run in the background, after whatever is queued there."""
     import threading
 
-    from mvsink import storage
+    from mvsink.table import storage
 
     sink = MVSink(local_target, "bg", max_rows_per_file=20)
     sink(spark.range(200).select("id", F.lit(0).cast("long").alias("v")), 0)

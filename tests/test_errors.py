@@ -19,7 +19,7 @@ from mvsink import (
     SinkOptions,
     UnsupportedTableError,
 )
-from mvsink.storage import wait_for_cleanup
+from mvsink.table.storage import wait_for_cleanup
 from tests.helpers import assert_equal_to, store, target_table, versions
 from tests.test_sink import frame, people
 

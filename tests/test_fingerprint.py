@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvsink.compat import to_arrow
-from mvsink.fingerprint import FP_A, FP_B, fingerprints, spark_lanes
-from mvsink.schema import arrow_schema, target_schema_json, target_struct
+from mvsink.table.fingerprint import FP_A, FP_B, fingerprints, spark_lanes
+from mvsink.table.schema import arrow_schema, target_schema_json, target_struct
 
 SCHEMA = pa.schema(
     [
@@ -154,7 +154,7 @@ def test_rows_read_from_a_spark_written_file_hash_like_rows_collected_from_spark
 def test_a_dotted_column_beside_a_struct_gets_no_statistics_it_could_be_confused_with():
     import json
 
-    from mvsink.stats import metadata_stats
+    from mvsink.table.stats import metadata_stats
 
     table = pa.table(
         {

@@ -14,11 +14,11 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from mvsink import MVSink, promote, status
-from mvsink.cli import main
-from mvsink.metrics import record
-from mvsink.storage import wait_for_cleanup
-from mvsink.vacuum import vacuum
-from mvsink.verify import verify
+from mvsink.cli.main import main
+from mvsink.ops.metrics import record
+from mvsink.ops.vacuum import vacuum
+from mvsink.ops.verify import verify
+from mvsink.table.storage import wait_for_cleanup
 from tests.helpers import assert_equal_to, once, removed, versions
 from tests.test_sink import foreign_append, people
 from tests.test_streaming import expected, write_orders
@@ -94,12 +94,12 @@ def test_verify_reports_index_entries_that_contradict_their_files(spark, local_t
     """An entry is trusted when its path, size and row count match the log: one whose
     fingerprints are not its file's (a file replaced in place by one of the same size, a
     damaged entry) goes unnoticed by the sink, so verify checks every entry against its file."""
-    from mvsink.delta import load_snapshot
     from mvsink.errors import Where
-    from mvsink.index import FileEntry, StoredIndex
-    from mvsink.schema import target_struct
-    from mvsink.storage import Store
-    from mvsink.write import Layout
+    from mvsink.table.delta import load_snapshot
+    from mvsink.table.index import FileEntry, StoredIndex
+    from mvsink.table.schema import target_struct
+    from mvsink.table.storage import Store
+    from mvsink.table.write import Layout
 
     MVSink(local_target, "people", max_rows_per_file=4)(people(spark, range(10)), 0)
     spark.range(10).selectExpr("id", "concat('n', id) as name", "id / 2 as x").createOrReplaceTempView("ten")
@@ -255,7 +255,7 @@ def test_a_retention_other_than_the_tables_is_refused_and_nothing_is_deleted(spa
 
 
 def test_the_tables_retention_is_read_as_delta_writes_it():
-    from mvsink.vacuum import table_retention_us
+    from mvsink.ops.vacuum import table_retention_us
 
     hour = 3_600_000_000
     read = lambda text: table_retention_us({"delta.deletedFileRetentionDuration": text})  # noqa: E731

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from mvsink import ConflictError, MVSink, promote
-from mvsink.cli import main
+from mvsink.cli.main import main
 from mvsink.config import SinkOptions
-from mvsink.delta import load_snapshot
 from mvsink.errors import ConfigError, Where
-from mvsink.sink import promote_on
+from mvsink.ops.promote import promote_on
+from mvsink.table.delta import load_snapshot
 from tests.helpers import assert_equal_to, versions
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvsink import MVSink
-from mvsink.delta import DataFile, Snapshot
-from mvsink.prune import candidate_files
+from mvsink.plan.prune import candidate_files
+from mvsink.table.delta import DataFile, Snapshot
 from tests.helpers import multiset, put_parquet, target_table
 
 UTC = dt.UTC

@@ -376,12 +376,12 @@ def test_a_foreign_file_naming_a_column_in_another_case_is_read_by_name(spark, t
 
 
 def test_an_index_of_an_older_fingerprint_version_is_never_used_and_is_rebuilt_once(spark, target, placement):
-    from mvsink.delta import load_snapshot
     from mvsink.errors import Where
-    from mvsink.fingerprint import FINGERPRINT_VERSION, fingerprints
-    from mvsink.index import FileEntry, StoredIndex
-    from mvsink.schema import arrow_schema, target_struct
-    from mvsink.storage import Store
+    from mvsink.table.delta import load_snapshot
+    from mvsink.table.fingerprint import FINGERPRINT_VERSION, fingerprints
+    from mvsink.table.index import FileEntry, StoredIndex
+    from mvsink.table.schema import arrow_schema, target_struct
+    from mvsink.table.storage import Store
 
     MVSink(target, "old", max_rows_per_file=4, placement=placement)(people(spark, range(12)), 0)
     snap = load_snapshot(target, "mvsink:old", {}, Where("old", target))
@@ -411,9 +411,9 @@ def test_an_index_of_an_older_fingerprint_version_is_never_used_and_is_rebuilt_o
 
 
 def test_a_correction_touching_most_files_writes_desired_whole(spark, target, monkeypatch):
-    import mvsink.complete
+    import mvsink.plan.complete
 
-    monkeypatch.setattr(mvsink.complete, "WHOLE_MIN_BYTES", 0)  # the tables here are small
+    monkeypatch.setattr(mvsink.plan.complete, "WHOLE_MIN_BYTES", 0)  # the tables here are small
     sink = MVSink(target, "whole", max_rows_per_file=5, placement="driver")
     sink(people(spark, range(40)), 0)
     before = live_files(target)
@@ -439,9 +439,9 @@ def test_a_correction_touching_most_files_writes_desired_whole(spark, target, mo
 
 
 def test_rows_to_insert_past_the_drivers_share_are_written_by_spark_tasks(spark, target, monkeypatch, caplog):
-    import mvsink.complete
+    import mvsink.plan.complete
 
-    monkeypatch.setattr(mvsink.complete, "DRIVER_INSERT_ROWS", 0)
+    monkeypatch.setattr(mvsink.plan.complete, "DRIVER_INSERT_ROWS", 0)
     caplog.set_level("INFO", logger="mvsink")
     sink = MVSink(target, "tasks", max_rows_per_file=3, placement="driver")
     rows = [(1, "a", 1.0)] * 3 + [(2, None, float("nan"))] + [(3, "c", -0.0)]
@@ -460,21 +460,23 @@ def test_rows_to_insert_past_the_drivers_share_are_written_by_spark_tasks(spark,
 def test_rows_named_by_stale_row_numbers_are_found_by_content_instead(spark, target, monkeypatch, caplog):
     from pyspark.sql import functions as F
 
-    import mvsink.complete
+    import mvsink.plan.complete
 
-    numbered = mvsink.complete.Complete._numbered
+    numbered = mvsink.plan.complete.Complete._numbered
     calls: list[int] = []
 
     def renumbered(self, layout):  # the cache computed again, its rows in another order
         calls.append(1)
         rows = numbered(self, layout)
         return (
-            rows.withColumn(mvsink.complete._ROW, F.col(mvsink.complete._ROW) + 1) if len(calls) > 1 else rows
+            rows.withColumn(mvsink.plan.complete._ROW, F.col(mvsink.plan.complete._ROW) + 1)
+            if len(calls) > 1
+            else rows
         )
 
     sink = MVSink(target, "stale", placement="driver")
     sink(people(spark, range(20)), 0)
-    monkeypatch.setattr(mvsink.complete.Complete, "_numbered", renumbered)
+    monkeypatch.setattr(mvsink.plan.complete.Complete, "_numbered", renumbered)
     caplog.set_level("WARNING", logger="mvsink")
     desired = people(spark, range(5, 25))
     report = sink(desired, 1)

@@ -14,10 +14,10 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from mvsink import ConfigError, MVSink
-from mvsink.changes import exact_change
 from mvsink.compat import PYTHON_DATA_SOURCES, to_arrow
-from mvsink.fingerprint import fingerprints
-from mvsink.sources import register
+from mvsink.sources.changes import exact_change
+from mvsink.sources.reader import register
+from mvsink.table.fingerprint import fingerprints
 from tests.helpers import multiset, removed, target_table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
@@ -163,7 +163,7 @@ def test_a_large_rewrite_is_cancelled_in_buckets_exactly(spark, tmp_path, local_
     """Above ``rewriteRowsPerTask`` rows, a version's rewrite is split by fingerprint
     into tasks that each hold a share of the fingerprints; equal rows share a bucket, so the
     feed is as exact as in one task."""
-    from mvsink.sources import DeltaVersions, _Rewrite
+    from mvsink.sources.reader import DeltaVersions, _Rewrite
 
     sink = MVSink(local_target, "feed", max_rows_per_file=30)
     for epoch in range(5):

@@ -7,7 +7,7 @@ import os
 from pyspark.sql import functions as F
 
 from mvsink import MVSink, frontier
-from mvsink.cli import main
+from mvsink.cli.main import main
 from tests.helpers import assert_equal_to, target_table, versions
 
 
@@ -100,7 +100,7 @@ def test_cli_reports_a_bad_job_file(tmp_path, capsys):
 
 
 def test_the_shipped_job_files_are_valid():
-    from mvsink.job import DEFAULT, JobConfig
+    from mvsink.cli.job import DEFAULT, JobConfig
 
     for name in os.listdir("conf"):
         JobConfig.load(os.path.join("conf", name))
@@ -110,8 +110,8 @@ def test_the_shipped_job_files_are_valid():
 def test_each_shipped_mode_example_runs(spark, tmp_path, capsys):
     import threading
 
-    from mvsink.job import JobConfig
-    from mvsink.runner import run_job
+    from mvsink.cli.job import JobConfig
+    from mvsink.cli.runner import run_job
 
     for name in ("upsert.toml", "append.toml"):
         config = JobConfig.load(os.path.join("conf", name))

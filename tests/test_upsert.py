@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mvsink import DuplicateKeyError, InputError, MVSink, frontier
-from mvsink.delta import foreign_append, foreign_delete
+from mvsink.table.delta import foreign_append, foreign_delete
 from tests.helpers import added, exists, live_files, multiset, once, removed, target_table, versions
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).

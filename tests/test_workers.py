@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mvsink import ConfigError, MVSink, workers
+from mvsink import ConfigError, MVSink
+from mvsink.epoch import workers
 from mvsink.errors import InvariantViolation
-from mvsink.index import FileEntry, StoredIndex
-from mvsink.storage import Store
+from mvsink.table.index import FileEntry, StoredIndex
+from mvsink.table.storage import Store
 from tests.test_sink import people
 
 
@@ -78,7 +79,9 @@ def test_workers_with_another_mvsink_are_refused(spark, tmp_path, local_target, 
     other = tmp_path / "elsewhere" / "mvsink"
     other.mkdir(parents=True)
     (other / "__init__.py").write_text("__version__ = '0.0.1'\n")
-    (other / "fingerprint.py").write_text("FINGERPRINT_VERSION = 99\n")
+    (other / "table").mkdir()
+    (other / "table" / "__init__.py").write_text("")
+    (other / "table" / "fingerprint.py").write_text("FINGERPRINT_VERSION = 99\n")
     workers_run(_wrapper(tmp_path, "other", f'PYTHONPATH="{other.parent}"'))
     with pytest.raises(ConfigError, match=r"run mvsink 0\.0\.1 \(fingerprint version 99\)"):
         MVSink(local_target, "v")(people(spark, range(3)), 0)

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import ConfigError, MVSink, UnsupportedTableError
 from mvsink.compat import to_arrow
-from mvsink.storage import wait_for_cleanup
+from mvsink.table.storage import wait_for_cleanup
 from tests.helpers import added, data_files_on_disk, live_files, multiset, store, target_table, versions
 
 SCHEMA = "id long, name string, x double, day date, amount decimal(10,2), at timestamp"
@@ -213,7 +213,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
         after = row_ids()
         kept = [i for i in after if i in before and before[i] == after[i]]
         assert report.files_removed == 1 and len(kept) >= len(after) - 4 and len(kept) > 0
-        from mvsink.compact import compact
+        from mvsink.ops.compact import compact
 
         with pytest.raises(ConfigError, match="Delta's OPTIMIZE"):
             compact(target, "v", max_rows_per_file=100)
@@ -240,7 +240,7 @@ def test_describe_history_says_what_each_commit_did(spark, tmp_path):
     )
     assert said[0].startswith("mvsink view revenue epoch 0: +10 -0 rows")
     from mvsink import promote
-    from mvsink.compact import compact
+    from mvsink.ops.compact import compact
 
     done = compact(target, "revenue", max_rows_per_file=100)
     assert done.files_removed >= 2
@@ -379,7 +379,7 @@ def test_the_operations_take_a_catalog_tables_name(spark, tmp_path, monkeypatch,
     import json
 
     from mvsink import frontier, promote, status, vacuum, verify
-    from mvsink.cli import main
+    from mvsink.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     spark.sql(f"CREATE TABLE default.rev ({SCHEMA}) USING delta")
@@ -435,8 +435,8 @@ def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change
     whole; skipChangeCommits runs on but drops every correction (its retractions and the rows
     inserted beside them); ignoreChanges re-emits rewritten files whole; mvsink-delta's change
     feed sums to the view at every version."""
-    from mvsink.compact import compact
-    from mvsink.sources import register
+    from mvsink.ops.compact import compact
+    from mvsink.sources.reader import register
 
     target = str(tmp_path / "view")
     cols = ["id", "name", "x", "day", "amount", "at"]
@@ -503,7 +503,7 @@ def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path
     }
     maker = (
         "import sys, json\n"
-        "from mvsink.session import local_session\n"
+        "from mvsink.cli.session import local_session\n"
         "from mvsink import MVSink\n"
         "spark = local_session('maker', conf=json.loads(sys.argv[1]))\n"
         f"spark.sql('CREATE TABLE default.shared ({SCHEMA}) USING delta')\n"
@@ -520,7 +520,8 @@ def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path
         f"{json.dumps(k)} = {json.dumps(v)}" for k, v in conf.items() if k != "spark.jars"
     )
     job.write_text(
-        '[job]\nquery = "mvsink.demo:revenue_query"\n\n[sink]\ntarget = "default.shared"\nname = "shared"\n'
+        '[job]\nquery = "mvsink.demo:revenue_query"\n\n'
+        '[sink]\ntarget = "default.shared"\nname = "shared"\n'
         f"\n[spark]\n{spark_table}\n"
     )
     shown = run(
@@ -539,7 +540,7 @@ def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path
     assert status["target"] == location and status["views"][0]["frontier"] == 1
     assert f"table default.shared is at {location}" in shown.stderr
     # A session without the metastore's settings (this one) does not know the name.
-    from mvsink.cli import main
+    from mvsink.cli.main import main
 
     assert main(["frontier", "default.shared", "shared"]) == 2
 
@@ -552,7 +553,7 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
     import sys
 
     from mvsink import frontier, promote, status, vacuum
-    from mvsink.compact import compact
+    from mvsink.ops.compact import compact
     from tests.delta_session import delta_conf
 
     cols = ["id", "name", "x", "day", "amount", "at"]
@@ -620,9 +621,9 @@ def test_change_data_feed_holds_exactly_what_each_commit_retracts_and_inserts(
     of a rewritten file, even where writing desired whole would move fewer bytes; a streaming
     CDF reader through five corrections, Delta's own DELETE and an OPTIMIZE rebuilds the view
     exactly."""
-    import mvsink.complete
+    import mvsink.plan.complete
 
-    monkeypatch.setattr(mvsink.complete, "WHOLE_MIN_BYTES", 0)  # these scattered changes would
+    monkeypatch.setattr(mvsink.plan.complete, "WHOLE_MIN_BYTES", 0)  # these scattered changes would
     cols = ["id", "name", "day"]
     target = str(tmp_path / "cdf")
     spark.sql(
@@ -717,7 +718,7 @@ def live_vectors(target: str) -> list[dict[str, Any]]:
 
 
 def dv_file(descriptor: dict[str, Any]) -> str:
-    from mvsink.deletion_vectors import file_path
+    from mvsink.table.deletion_vectors import file_path
 
     return file_path(descriptor)
 
@@ -814,7 +815,7 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
         assert referenced and referenced == {str(p.relative_to(target)) for p in Path(target).rglob("*.bin")}
         assert spark_rows(spark, target, cols=cols) == final
     else:
-        from mvsink.compact import compact
+        from mvsink.ops.compact import compact
 
         assert compact(target, "v", max_rows_per_file=1000).version is not None  # reads past vectors
         assert spark_rows(spark, target, cols=cols) == final and not live_vectors(target)
@@ -916,9 +917,9 @@ def test_a_column_mapped_table_is_written_by_its_physical_names(spark, tmp_path,
     assert nulls == 0
     # The log keys statistics by physical names; pruning asks by the table's (an upsert would
     # skip the file holding a key if it read another column's bounds, or none).
-    from mvsink.delta import load_snapshot
     from mvsink.errors import Where
-    from mvsink.schema import arrow_schema, target_struct
+    from mvsink.table.delta import load_snapshot
+    from mvsink.table.schema import arrow_schema, target_struct
 
     snap = load_snapshot(target, "mvsink:v", {}, Where(), writing=False, spark=spark)
     bounds = snap.bounds("id")

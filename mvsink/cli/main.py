@@ -1,0 +1,286 @@
+"""``mvsink``: run a job file (or the embedded demo), or print a view's frontier.
+
+mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the demo)
+mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
+mvsink promote TARGET --name NAME --writer WRITER
+                               make WRITER the active writer of view NAME (fences the others)
+mvsink status [TARGET] [--name NAME] [--json] [--job JOB.toml]
+                               what the target's log says about its views
+mvsink verify [TARGET] [--name NAME] (--sql QUERY | --job JOB.toml) [--json]
+                               whether the target equals desired (exit 0 equal, 1 different)
+mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
+                               merge small files through the sink's strict commit
+mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
+                               delete unreferenced files, crashed attempts' and stale index entries
+
+TARGET is a path or URI, or a table name ([catalog.][schema.]table) resolved through a Spark
+session that the command starts, configured by the job file's [spark] table and --conf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from mvsink.errors import ConfigError, MVSinkError, first_line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        from mvsink.table.storage import wait_for_cleanup
+
+        wait_for_cleanup()  # deletes queued in the background finish before the process ends
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
+    run.add_argument("config", nargs="?", help="a TOML job file (see conf/)")
+    run.add_argument("--epochs", type=int, help="stop after this many epochs")
+    run.add_argument("-v", "--verbose", action="store_true", help="log every sink step")
+    fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
+    fr.add_argument("target")
+    fr.add_argument("name")
+    _conf_option(fr)
+    pr = sub.add_parser("promote", help="make a writer the view's active writer")
+    pr.add_argument("target")
+    pr.add_argument("--name", required=True, help="the view")
+    pr.add_argument("--writer", required=True, help="the writer option of the sink to promote")
+    pr.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
+    )
+    _conf_option(pr)
+    st = sub.add_parser("status", help="per view: frontier, lineage, writer, last commit, lag, files")
+    st.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    st.add_argument("--name", help="one view (default: every view committed recently)")
+    st.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
+    st.add_argument("--history", type=int, default=200, help="commits read for per-commit figures")
+    _target_options(st)
+    ve = sub.add_parser("verify", help="compare the target with desired: exit 0 equal, 1 different, 2 error")
+    ve.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    ve.add_argument("--name", help="the view")
+    ve.add_argument("--sql", help="a Spark SQL query whose result is desired")
+    ve.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
+    _target_options(ve)
+    va = sub.add_parser("vacuum", help="delete what no version within the retention references")
+    va.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    va.add_argument(
+        "--retention-hours",
+        type=int,
+        help="must be the table's delta.deletedFileRetentionDuration (7 days unless set)",
+    )
+    va.add_argument("--apply", action="store_true", help="delete (default: a dry run that only reports)")
+    va.add_argument("--json", action="store_true", help="machine-readable")
+    va.add_argument("--name", help=argparse.SUPPRESS)
+    _target_options(va)
+    co = sub.add_parser("compact", help="merge a view's small files (a commit that changes no row)")
+    co.add_argument("target", nargs="?", help="the Delta table (or give --job)")
+    co.add_argument("--name", help="the view (its index entries are carried over)")
+    co.add_argument("--max-rows-per-file", type=int, help="default: the job's, or 50,000")
+    co.add_argument("--cluster-by", default="", help="comma-separated columns to sort rows by")
+    _target_options(co)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "compact":
+            from mvsink.ops.compact import compact
+
+            target, name, options, small = _target(args)
+            if not name:
+                raise ConfigError("give the view: --name NAME (or --job)")
+            _session_if_needed(target, options, args)
+            rows = args.max_rows_per_file or small * 4
+            _progress(f"compacting {target} ...")
+            cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
+            if args.job and not cluster:
+                from mvsink.cli.job import JobConfig
+
+                cluster = JobConfig.load(args.job).sink.cluster_by
+            print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
+            return 0
+        if args.command == "vacuum":
+            from dataclasses import asdict
+
+            from mvsink.ops.vacuum import vacuum
+
+            target, _, options, _ = _target(args)
+            _session_if_needed(target, options, args)
+            _progress(f"vacuuming {target} ({'apply' if args.apply else 'dry run'}) ...")
+            done = vacuum(target, options, retention_hours=args.retention_hours, apply=args.apply)
+            print(json.dumps({"format": 1, **asdict(done)}, indent=2) if args.json else done)
+            return 0
+        if args.command == "verify":
+            return _verify(args)
+        if args.command == "status":
+            from mvsink.ops.status import status
+
+            target, name, options, small = _target(args)
+            result = status(target, name, options, history=args.history, small_rows=small)
+            if result.table_version is None:
+                raise ConfigError(f"no Delta table at {target}")
+            print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
+            return 0
+        if args.command == "promote":
+            from mvsink.ops.promote import promote
+
+            options = _pairs(args.storage_option, "--storage-option")
+            target = _located(args.target, args)
+            _session_if_needed(target, options, args)
+            version = promote(target, args.name, args.writer, options)
+            print(f"{args.writer} is the active writer of {args.name} as of version {version}")
+            return 0
+        if args.command == "frontier":
+            from mvsink.ops.promote import frontier
+
+            value = frontier(_located(args.target, args), args.name)
+            print("" if value is None else value)
+            return 0
+        return _run(args.config, args.epochs, args.verbose)
+    except MVSinkError as exc:
+        print(f"mvsink: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # exit 2 means "error" (verify's 1 means "different")
+        print(f"mvsink: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _progress(message: str) -> None:
+    """A progress line on a terminal; nothing when output goes to a file or a pipe."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", help="a TOML job file: target, view and storage options from its [sink]")
+    parser.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
+    )
+    _conf_option(parser)
+
+
+def _conf_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark configuration for the session this command starts (to resolve a table name, or "
+        "to compute desired), over the job file's [spark]",
+    )
+
+
+def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise ConfigError(f"{flag} takes KEY=VALUE, got {bad[0]!r}")
+    return dict(v.split("=", 1) for v in values)
+
+
+def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
+    """The Spark configuration of a command's session: the job file's [spark] (its master
+    aside: the command runs here), then --conf."""
+    conf: dict[str, str] = {}
+    if getattr(args, "job", None):
+        from mvsink.cli.job import JobConfig
+
+        conf = {k: v for k, v in JobConfig.load(args.job).spark.items() if k != "spark.master"}
+    conf.update(_pairs(args.conf, "--conf"))
+    # Spark's console progress bar on a terminal only.
+    conf["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
+    return conf
+
+
+def _session(args: argparse.Namespace) -> Any:
+    """The command's Spark session (started once, configured by ``_spark_conf``)."""
+    from mvsink.cli.session import local_session
+
+    return local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+
+
+def _located(target: str, args: argparse.Namespace) -> str:
+    """``target``, or for a table name its location, looked up through a Spark session this
+    command starts (configured by the job file's [spark] and --conf); the lookup is echoed."""
+    from mvsink.errors import Where
+    from mvsink.table.catalog import is_path, locate
+
+    if not target or is_path(target):
+        return target
+    _progress(f"starting Spark to look up {target} ...")
+    location = locate(target, Where(getattr(args, "name", None), target), _session(args))
+    print(f"mvsink: table {target} is at {location}", file=sys.stderr)
+    return location
+
+
+def _session_if_needed(target: str, options: dict[str, str], args: argparse.Namespace) -> None:
+    """Start the command's Spark session (job file's [spark], then --conf) when only the JVM
+    Delta can commit to ``target`` (the ``delta-spark`` engine needs a session with Delta)."""
+    from mvsink.table.delta import delta_rs_refusal
+
+    refusal = delta_rs_refusal(target, options)
+    if refusal is not None:
+        _progress(f"starting Spark with Delta: the installed deltalake cannot commit to {target} ({refusal})")
+        _session(args)
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str | None, dict[str, str], int]:
+    """Target, view name, storage options and the small-file threshold (a quarter of the
+    sink's ``max_rows_per_file``) from the arguments, a job file filling in what they omit."""
+    options = _pairs(args.storage_option, "--storage-option")
+    if args.job:
+        from mvsink.cli.job import JobConfig
+
+        sink = JobConfig.load(args.job).sink
+        target, name = args.target or sink.target, args.name or sink.name
+        options, small = {**sink.storage_options, **options}, sink.max_rows_per_file // 4
+    elif not args.target:
+        raise ConfigError("give the target table (or --job with a job file)")
+    else:
+        from mvsink.config import SinkOptions
+
+        target, name = args.target, args.name
+        small = int(SinkOptions.model_fields["max_rows_per_file"].default) // 4
+    return _located(target, args), name, options, small
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from mvsink.ops.verify import desired_of_job, verify
+
+    if bool(args.sql) == bool(args.job):
+        raise ConfigError("give desired as exactly one of --sql QUERY or --job JOB.toml")
+    target, name, options, _ = _target(args)
+    _progress(f"verifying {target} ...")
+    spark = _session(args)
+    with tempfile.TemporaryDirectory(prefix="mvsink-verify-") as scratch:
+        if args.sql:
+            desired = spark.sql(args.sql)
+        else:
+            from mvsink.cli.job import JobConfig
+
+            desired = desired_of_job(spark, JobConfig.load(args.job), scratch)
+        result = verify(desired, target, name, options)
+    print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) if args.json else result)
+    return 0 if result.ok else 1
+
+
+def _run(path: str | None, epochs: int | None, verbose: bool) -> int:
+    from mvsink.cli.job import JobConfig
+    from mvsink.cli.runner import run_job
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = JobConfig.load(path)
+    if epochs is not None:
+        config = config.model_copy(update={"job": config.job.model_copy(update={"epochs": epochs})})
+    run_job(config, stop=threading.Event())
+    return 0

@@ -1,0 +1,90 @@
+"""Run a ``JobConfig``: start the streaming query into an ``MVSink`` and stop after N epochs."""
+
+from __future__ import annotations
+
+import decimal
+import threading
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from mvsink.cli.job import JobConfig
+from mvsink.cli.session import local_session
+from mvsink.report import EpochReport
+from mvsink.sink import MVSink
+from mvsink.table import delta
+
+
+def show_table(table: pa.Table, title: str, limit: int = 12) -> str:
+    """A small text rendering of a view, rows sorted, at most ``limit`` of them."""
+    cols = table.column_names
+    rows = sorted((tuple(r[c] for c in cols) for r in table.to_pylist()), key=repr)
+    more = len(rows) - limit
+    cells = [[_fmt(v) for v in row] for row in rows[:limit]]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
+    body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    tail = [f"  ... and {more} more rows"] if more > 0 else []
+    return "\n".join([title, "  " + line, *("  " + b for b in body), *tail])
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, decimal.Decimal):
+        return f"{v:.2f}"
+    return "NULL" if v is None else str(v)
+
+
+def run_job(config: JobConfig, stop: threading.Event) -> list[EpochReport]:
+    """Run the job until ``config.job.epochs`` epochs ran, ``stop`` is set, or it fails."""
+    spark_conf = dict(config.spark)
+    master = spark_conf.pop("spark.master", "local[2]")
+    spark = local_session("mvsink-job", master=master, conf=spark_conf)
+    job = config.job
+    query_df: DataFrame = job.load_query()(spark)
+    sink = MVSink.from_options(config.sink)
+    reports: list[EpochReport] = []
+
+    def each_batch(batch: DataFrame, epoch: int) -> None:
+        report = sink(batch, epoch)
+        reports.append(report)
+        if job.show:
+            print(show_table(delta.read_table(sink.target), f"\n== view {sink.name} after epoch {epoch}"))
+            print(f"   {report}")
+        if job.tamper_after_epoch is not None and len(reports) == job.tamper_after_epoch + 1:
+            _tamper(sink, epoch)
+        if job.epochs is not None and len(reports) >= job.epochs:
+            stop.set()
+
+    query = (
+        query_df.writeStream.outputMode(job.output_mode)
+        .foreachBatch(each_batch)
+        .option("checkpointLocation", job.checkpoint)
+        .trigger(processingTime=f"{job.trigger_seconds} seconds")
+        .start()
+    )
+    try:
+        while query.isActive and not stop.wait(0.2):
+            pass
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+    finally:
+        query.stop()
+    return reports
+
+
+def _tamper(sink: MVSink, epoch: int) -> None:
+    """Disturb the view as a stray writer would: a rogue row in, a real row out."""
+    table = delta.read_table(sink.target)
+    victim = sorted(table.column(table.column_names[0]).to_pylist(), key=repr)[0]
+    rogue: dict[str, Any] = {name: None for name in table.column_names}
+    rogue[table.column_names[0]] = "rogue"
+    delta.foreign_append(sink.target, [rogue])
+    delta.foreign_delete(sink.target, f"{table.column_names[0]} = '{victim}'")
+    print(
+        show_table(
+            delta.read_table(sink.target),
+            f"\n!! tampered after epoch {epoch}: inserted a rogue row, deleted {victim!r}",
+        )
+    )
+    print("   the next epoch must repair this")

@@ -1,0 +1,331 @@
+"""Clocks: what an epoch's time is, so that replicas can compare epochs.
+
+``clock = "batch_id"`` (the default): an epoch's time is Spark's batch id, meaningful only
+within one lineage (``lineage.py``).
+
+``clock = "source_offsets"``: an epoch's time is the end offsets of the micro-batch, as the
+query records them in its checkpoint (``<checkpoint>/offsets/<batch id>``), as named integers
+that each only grow, in each source kind's own order:
+
+* Delta's streaming source (``{"reservoirVersion": v, "index": i, ...}``) is ordered by
+  ``(v, i)`` lexicographically (``i`` restarts as ``v`` grows): one part ``"<n>.delta"``;
+* any other source (``mvsink-delta``'s ``{"version": n}``, Kafka's
+  ``{"topic": {"partition": offset}}``, files' ``{"logOffset": n}``, a plain number) has a part
+  per integer leaf, by dotted name (``"0.version"``, ``"1.topic.3"``);
+* a source without an offset yet (``-``) has no parts.
+
+A part one time has and the other lacks counts as below every offset there: a source's first
+offset, or a Kafka topic's new partition, starts from nothing. ``clock = callable``
+``(batch_df, batch_id) -> int | dict`` gives the time any other way.
+
+The time of the last commit is kept in the target as app transactions ``mvsink:<view>~<part>``
+(and ``~parts``, how many it had). An epoch commits only if it is **ahead**: at or beyond the
+committed time in every part and beyond in at least one. Behind or incomparable (the replicas
+disagree on which is later), it writes nothing. So active-active replicas with separate
+checkpoints never move the view back, and each committed version holds desired as of the time
+it records. An epoch that stays behind or incomparable while the committed time does not move
+is a **stall** (``Stall``): a WARNING each epoch naming both times, and ``mvsink status`` shows
+it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from mvsink.errors import ConfigError, Where
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from mvsink.epoch.options import EpochOptions
+    from mvsink.table.delta import Snapshot
+    from mvsink.table.storage import Store
+
+log = logging.getLogger(__name__)
+
+Verdict = Literal["ahead", "same", "behind", "incomparable"]
+
+
+class Time(dict[str, int]):
+    """An epoch's time: its parts by name. ``legacy`` is the set of part names mvsink gave the
+    same offsets before parts were counted (read only against views it last committed)."""
+
+    legacy: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(parts: Mapping[str, int], legacy: Sequence[str] | None = None) -> Time:
+        time = Time(parts)
+        time.legacy = tuple(sorted(parts if legacy is None else legacy))
+        return time
+
+
+def read_checkpoint_file(
+    checkpoint: str, relative: str, storage_options: Mapping[str, str], where: Where
+) -> str:
+    """The text of a file of a streaming checkpoint (a local path or an object store URI,
+    reached with the sink's ``storage_options``; ``s3a://`` is read as ``s3://``)."""
+    from mvsink.table.delta import table_root
+    from mvsink.table.storage import Store
+
+    if checkpoint.startswith("s3a://"):
+        checkpoint = "s3://" + checkpoint.removeprefix("s3a://")
+    try:
+        data = Store(table_root(checkpoint), dict(storage_options)).get(relative)
+    except Exception as exc:
+        raise ConfigError(f"cannot read {relative} of checkpoint {checkpoint}: {exc}", where) from exc
+    if data is None:
+        raise ConfigError(f"checkpoint {checkpoint} has no {relative}: is it the query's checkpoint?", where)
+    return bytes(data.to_pybytes()).decode()
+
+
+def _offsets(opts: EpochOptions, batch_id: int, where: Where) -> Time:
+    """The end offsets Spark recorded for ``batch_id`` (``offsets/<id>``), as a time."""
+    assert opts.checkpoint is not None
+    text = read_checkpoint_file(opts.checkpoint, f"offsets/{batch_id}", opts.storage_options, where)
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "v1":
+        raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint} is not in a format mvsink knows", where)
+    # After the version and the batch's metadata: one line per source, its offset as JSON, or
+    # "-" for a source with none yet.
+    out: dict[str, int] = {}
+    raw: dict[str, Any] = {}  # as mvsink named parts before it counted them: "-" was -1
+    for i, line in enumerate(lines[2:]):
+        if line.strip() == "-":
+            raw[str(i)] = -1
+            continue
+        try:
+            offset = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"offsets/{batch_id} of {opts.checkpoint}: source {i}: {exc}", where) from None
+        raw[str(i)] = offset
+        out.update(source_parts(str(i), offset, where))
+    return Time.of(out, list(flatten(raw, where)) if raw else [])
+
+
+_DELTA_INDEX_BITS = 32
+# Delta's file index within a version, in its own order: the base index (written -1, or -100
+# from Delta 3), then the metadata-change indexes, then the files (Delta's DeltaSourceOffset).
+_DELTA_SPECIAL_INDEX = {-100: 0, -1: 0, -20: 1, -19: 2}
+
+
+def source_parts(name: str, offset: Any, where: Where) -> dict[str, int]:
+    """One source's offset as parts that each only grow (see the module doc). An offset with
+    no integer to order by (a source whose positions are strings) is an error: a time that
+    never grows would freeze the view."""
+    if isinstance(offset, Mapping) and "reservoirVersion" in offset and "index" in offset:
+        version, index = int(offset["reservoirVersion"]), int(offset["index"])
+        rank = _DELTA_SPECIAL_INDEX.get(index, index + 3 if index >= 0 else None)
+        if rank is None or not (
+            0 <= rank < 1 << _DELTA_INDEX_BITS and 0 <= version < 1 << (62 - _DELTA_INDEX_BITS)
+        ):
+            raise ConfigError(f"source {name}: a Delta offset mvsink cannot order: {offset}", where)
+        return {f"{name}.delta": version << _DELTA_INDEX_BITS | rank}
+    parts = flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
+    if not parts:
+        raise ConfigError(
+            f"source {name}'s offset {json.dumps(offset)} holds no integer to order epochs by: "
+            "clock 'source_offsets' cannot compare its batches (give a callable clock instead)",
+            where,
+        )
+    return parts
+
+
+def epoch_time(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -> Time | None:
+    """The epoch's time under the sink's clock (None: the batch id clock)."""
+    clock = opts.clock
+    if clock == "batch_id":
+        return None
+    if callable(clock):
+        parts = flatten(clock(batch, epoch), where)
+        reserved = [k for k in parts if k in (_PARTS, "names") or k.startswith("names@")]
+        if reserved:
+            raise ConfigError(f"the clock names a part {reserved[0]!r}: mvsink keeps that name", where)
+        return Time.of(parts)
+    if not opts.checkpoint:
+        raise ConfigError("clock 'source_offsets' needs the query's 'checkpoint' option", where)
+    return _offsets(opts, epoch, where)
+
+
+def batch_start(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -> Time | None:
+    """Where the batch's data starts: the end offsets of the batch before it (None: the
+    first batch, or a callable clock, which says only where batches end)."""
+    if opts.clock != "source_offsets" or epoch == 0:
+        return None
+    return _offsets(opts, epoch - 1, where)
+
+
+def flatten(value: Any, where: Where, prefix: str = "") -> dict[str, int]:
+    """Integer leaves of a (nested) offset, by dotted name."""
+    out: dict[str, int] = {}
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        out[prefix or "t"] = value
+    elif isinstance(value, Mapping):
+        for k in sorted(value):
+            out.update(flatten(value[k], where, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.update(flatten(v, where, f"{prefix}.{i}" if prefix else str(i)))
+    if not prefix and not out:
+        raise ConfigError(f"the clock gave no integer to compare epochs by: {value!r}", where)
+    return out
+
+
+_OTHER_PARTS = "(parts this time lacks)"
+_MISSING = -(2**63)  # below every offset: where a time has no such part
+_PARTS = "#parts"  # a name no part has (parts are dotted names of offsets' fields)
+
+
+def committed_time(snap: Snapshot, app_id: str, time: Time) -> Time | None:
+    """The time of the last commit made under this clock (None: none was), as far as it can be
+    compared with ``time``. Committed parts that ``time`` lacks are counted under one part no
+    time has, so ``compare`` finds such a time behind in it.
+
+    (A commit is made only when its time is ahead, so it has every part of the committed time
+    before it: the parts recorded in the table are those of the last commit, and ``~#parts``
+    says how many there are.)"""
+    found = {n: v for n in time if (v := snap.transaction(f"{app_id}~{n}")) is not None}
+    count = snap.transaction(f"{app_id}~{_PARTS}")
+    if count is None:
+        if snap.transaction(f"{app_id}~names") is None:
+            return None  # never committed under a clock
+        return _legacy(snap, app_id, time, found)
+    if count > len(found):
+        found[_OTHER_PARTS] = 0
+    return Time.of(found)
+
+
+def _legacy(snap: Snapshot, app_id: str, time: Time, found: dict[str, int]) -> Time:
+    """The committed time of a view last committed by mvsink before parts were counted. It
+    named a Delta source's offset ``<n>.reservoirVersion`` and ``<n>.index`` (now one part
+    ``<n>.delta``) and every other part as now, and tagged the set of names it had (``~names``):
+    a time whose old names are another set (a source with no offset then or now, another
+    Kafka partition) is not comparable, as it was not then."""
+    for name in time:
+        if name.endswith(".delta") and name not in found:
+            source = name.removesuffix(".delta")
+            version = snap.transaction(f"{app_id}~{source}.reservoirVersion")
+            index = snap.transaction(f"{app_id}~{source}.index")
+            if version is not None and index is not None:
+                rank = _DELTA_SPECIAL_INDEX.get(index, index + 3 if index >= 0 else None)
+                if rank is None:
+                    found[_OTHER_PARTS] = 0  # an index this order does not know: never ahead
+                else:
+                    found[name] = version << _DELTA_INDEX_BITS | rank
+    digest = hashlib.sha256("\n".join(sorted(time.legacy)).encode()).hexdigest()[:16]
+    tag = snap.transaction(f"{app_id}~names")
+    if not time.legacy or snap.transaction(f"{app_id}~names@{digest}") != tag:
+        found[_OTHER_PARTS] = 0
+    return Time.of(found)
+
+
+def compare(time: Time, committed: Time | None) -> Verdict:
+    """Where ``time`` stands against the committed time (see the module doc); a part one of
+    them lacks is below every offset there."""
+    if committed is None:
+        return "ahead"
+    parts = set(time) | set(committed)
+    ahead = any(time.get(k, _MISSING) > committed.get(k, _MISSING) for k in parts)
+    behind = any(time.get(k, _MISSING) < committed.get(k, _MISSING) for k in parts)
+    if ahead and behind:
+        return "incomparable"
+    return "ahead" if ahead else "behind" if behind else "same"
+
+
+def transactions(app_id: str, time: Time) -> dict[str, int]:
+    """The app transactions recording ``time`` as the committed time: its parts and their
+    number. (``~names`` = -1 matches no tag of mvsink before parts were counted: a replica
+    still running such a version finds the committed time incomparable and writes nothing.)"""
+    return {
+        **{f"{app_id}~{k}": v for k, v in time.items()},
+        f"{app_id}~{_PARTS}": len(time),
+        f"{app_id}~names": -1,
+    }
+
+
+STALL_EPOCHS = 3
+"""Epochs in a row behind or incomparable, with the committed time standing still, after which
+a sink reports the view as stalled."""
+
+
+def stall_folder(view: str) -> str:
+    """Where sinks of ``view`` leave a note while they are stalled (``mvsink status`` reads it)."""
+    from mvsink.table.index import HIDDEN
+
+    return f"{HIDDEN}/{view}/stalled"
+
+
+@dataclass
+class Stall:
+    """One sink's run of epochs that wrote nothing under a shared clock although the committed
+    time did not move: nobody advances the view, so it goes stale (an offset this clock
+    cannot order, a replica that fell behind for good). Kept by the sink across epochs."""
+
+    committed: Time | None = None
+    """The committed time the run started from (a run ends when it moves)."""
+    since: int | None = None
+    """The first epoch of the run."""
+    epochs: int = 0
+    note: str | None = None
+    """The note left in storage while stalled (deleted when the sink moves again)."""
+    checked: bool = False
+    """Whether this sink looked for a note of an earlier run of it (once, when it moves)."""
+
+    def observe(self, verdict: Verdict, committed: Time | None, epoch: int) -> bool:
+        """Count this epoch; whether the view is stalled now."""
+        if verdict in ("ahead", "same"):
+            self.committed, self.since, self.epochs = None, None, 0
+            return False
+        if committed != self.committed or self.since is None:
+            self.committed, self.since, self.epochs = committed, epoch, 0
+        self.epochs += 1
+        return self.epochs > STALL_EPOCHS
+
+    @staticmethod
+    def note_path(view: str, who: str) -> str:
+        return f"{stall_folder(view)}/{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
+
+    def leave_note(self, store: Store, view: str, who: str, fields: Mapping[str, Any], where: Where) -> None:
+        """Say in storage that this sink is stalled; best-effort (a WARNING says it anyway)."""
+        path = self.note_path(view, who)
+        try:
+            store.put(path, json.dumps({**fields, "since_epoch": self.since}, sort_keys=True).encode())
+            self.note = path
+        except Exception as exc:
+            log.warning("%s: could not leave the stall note %s: %s", where, path, exc)
+
+    def clear_note(self, store: Store, view: str, who: str, where: Where) -> None:
+        """The sink moves: its note goes (also one an earlier run of it left, looked for once)."""
+        if self.note is None and self.checked:
+            return
+        path = self.note or self.note_path(view, who)
+        self.checked = True
+        try:
+            store.delete([path])
+            self.note = None
+        except Exception as exc:
+            log.warning("%s: could not delete the stall note %s: %s", where, path, exc)
+
+
+def stall_notes(store: Store, snap: Snapshot, view: str) -> list[dict[str, Any]]:
+    """The notes of sinks of ``view`` still stalled at ``snap``: those whose committed time is
+    still the table's (a note whose time moved on is of a stall that ended)."""
+    out = []
+    for path in sorted(store.files(stall_folder(view))):
+        data = store.get(path)
+        try:
+            note = json.loads(bytes(data.to_pybytes()).decode()) if data is not None else None
+        except ValueError:
+            continue
+        if not isinstance(note, dict) or not isinstance(note.get("time"), dict):
+            continue
+        now = committed_time(snap, f"mvsink:{view}", Time.of(note["time"]))
+        if now == note.get("committed"):
+            out.append(note)
+    return out

@@ -1,0 +1,213 @@
+"""Decide: what one attempt of an epoch does, given the snapshot it read.
+
+Every attempt reads a fresh snapshot and asks ``decide`` once. The answer is either a
+``Commit`` at a batch description ``(lower, upper)``, or a ``Skip`` naming why nothing is
+written. Each reason is decided here, once, in this order:
+
+1. ``before_as_of``: the epoch precedes the ``as_of`` option (``mint.py``).
+2. ``replay``: the epoch is already reflected in its lineage's frontier, or, under a shared
+   clock, its time is behind, equal to or incomparable with the committed time. Writing
+   would move the view back (invariant I1, ``sink.py``).
+3. ``fenced``: the epoch's lineage was superseded (``lineage.py``), or another writer was
+   promoted to active writer. An old job left running never writes again.
+4. ``read_only``: a standby. It still plans and reports the correction, but never commits.
+5. ``between_refreshes``: ``refresh_every`` is set and no refresh is due. Complete mode
+   only; a commit that must land (see ``Commit.always``) is never held back.
+6. A gap: in upsert or append mode, epochs between the frontier and this one that never
+   committed would lose their rows. That raises ``LineageError``, or with ``allow_gaps`` logs
+   a WARNING and commits.
+
+A ``Commit`` says whether it lands even with an empty correction (``always``). Otherwise an
+empty correction writes no version when no heartbeat is due (``cadence.py``): the report
+says ``unchanged``.
+
+Whatever the answer, the micro-batch still runs to its end (``EpochContext.drain``). Spark
+fails a stateful ``foreachBatch`` whose batch did not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from mvsink.epoch.cadence import Cadence, at_key
+from mvsink.epoch.clock import Time, Verdict, committed_time, compare
+from mvsink.epoch.lineage import Lineage, Writers
+from mvsink.epoch.mint import BatchDescription, mint
+from mvsink.epoch.options import EpochOptions
+from mvsink.errors import LineageError, Where
+from mvsink.table.delta import Snapshot
+
+log = logging.getLogger(__name__)
+
+Reason = Literal["before_as_of", "replay", "fenced", "read_only", "between_refreshes"]
+
+
+@dataclass(frozen=True)
+class Clocked:
+    """Where the epoch's time stood under a shared clock (``clock.py``), for the stall watch."""
+
+    verdict: Verdict
+    committed: Time | None
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Write nothing this attempt, for ``reason``."""
+
+    reason: Reason
+    clock: Clocked | None = None
+
+    @property
+    def plans(self) -> bool:
+        """A read-only sink still plans its correction, to report it."""
+        return self.reason == "read_only"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Plan, stage and commit at ``desc``, recording ``lineage`` and ``writers``."""
+
+    desc: BatchDescription
+    lineage: Lineage
+    writers: Writers
+    always: bool
+    """Commit even with an empty correction. True in these cases:
+    - upsert and append mode: there a version proves the epoch was applied, and the gap
+      check takes a missing one for a lost epoch;
+    - creating the table;
+    - taking the view over, or recording the lineage for the first time;
+    - a refresh or a heartbeat is due."""
+    clock: Clocked | None = None
+
+
+Decision = Commit | Skip
+
+
+def decide(
+    snap: Snapshot,
+    epoch: int,
+    opts: EpochOptions,
+    *,
+    lineage: str,
+    time: Time | None,
+    read_only: bool,
+    batch_start: Callable[[], Time | None],
+    where: Where,
+) -> Decision:
+    """What this attempt of ``epoch`` does against ``snap`` (see the module doc). ``lineage``
+    is the epoch's lineage; ``time`` its time under a shared clock (None: no clock);
+    ``batch_start`` gives the time the batch starts at, asked only by the gap check under a
+    shared clock. Raises ``LineageError`` for a gap (6), or for a new lineage that may not
+    take the view over (``mint``)."""
+    held = Lineage.read(snap, opts.app_id, lineage)
+    writers = Writers.read(snap, opts.app_id, opts.writer)
+    clock = None
+    if time is not None:
+        committed = committed_time(snap, opts.app_id, time)
+        clock = Clocked(compare(time, committed), committed)
+    desc = mint(
+        epoch,
+        snap.frontier,
+        held,
+        as_of=opts.as_of,
+        # A standby that the target names active writer writes from its next epoch.
+        read_only=read_only and not writers.is_active,
+        adopt=opts.new_lineage_policy == "adopt",
+        mode=opts.mode,
+        where=where,
+        verdict=None if clock is None else clock.verdict,
+        active_writer=writers.is_active,
+    )
+    if isinstance(desc, BatchDescription) and not writers.may_write:
+        log.warning(
+            "%s: writer %s is not the view's active writer (another was promoted); this epoch writes nothing",
+            where,
+            opts.writer,
+        )
+        return Skip("fenced")
+    if not isinstance(desc, BatchDescription):
+        if desc == "fenced":
+            log.warning(
+                "%s: lineage %s was superseded by another that took the view over; this epoch "
+                "writes nothing (stop this job, or restart it with a new checkpoint to take the "
+                "view back)",
+                where,
+                lineage,
+            )
+        return Skip(desc, clock)
+    always = _always(snap, desc, held, opts)
+    if not always and opts.refresh is not None:
+        if not _due(opts.refresh, snap, desc, held, opts):
+            return Skip("between_refreshes", clock)
+        always = True  # a refresh commits even when nothing changed: the next one counts from it
+    _check_gap(desc, epoch, opts, clock, batch_start, where)
+    always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
+    return Commit(desc, held, writers, always, clock)
+
+
+def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions) -> bool:
+    """Whether the epoch must commit even with nothing to change (``Commit.always``), before
+    any cadence: every epoch in upsert and append mode; in complete mode, one that creates the
+    table, takes the view over or records its lineage for the first time."""
+    if opts.mode != "complete" or not snap.exists:
+        return True
+    return desc.takeover or (lineage.owner is None and not desc.clocked)
+
+
+def _due(
+    cadence: Cadence, snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions
+) -> bool:
+    """Whether ``cadence`` is due: counted in epochs since the lineage's last commit (not
+    known under a shared clock, or before the lineage committed: due), or in time since the
+    view's last commit."""
+    own = lineage.frontier if lineage.owns else None
+    since = None if desc.clocked or own is None else desc.upper - own
+    return cadence.due(epochs_since=since, last_at_ms=snap.transaction(at_key(opts.app_id)))
+
+
+def _check_gap(
+    desc: BatchDescription,
+    epoch: int,
+    opts: EpochOptions,
+    clock: Clocked | None,
+    batch_start: Callable[[], Time | None],
+    where: Where,
+) -> None:
+    """Reason 6. Only a complete batch repairs everything. In upsert or append mode, epochs
+    of this lineage between the frontier and this one that were never written would be
+    missing rows. That is a ``LineageError`` unless ``allow_gaps`` (then a WARNING). This is
+    also why the heartbeat thins complete mode only: elsewhere a version is the proof that an
+    epoch was applied."""
+    if opts.mode == "complete":
+        return
+    if desc.takeover and epoch > opts.as_of:
+        message = (
+            f"a new lineage takes the view over at its epoch {epoch}, not its first: in "
+            f"{opts.mode} mode the rows of its earlier epochs would be missing"
+        )
+    elif desc.clocked:
+        # The batch covers (its start, its end]: rows between the committed time and its
+        # start were never written by anyone.
+        committed = None if clock is None else clock.committed
+        start = batch_start()
+        if committed is None or start is None or compare(start, committed) in ("behind", "same"):
+            return
+        message = (
+            f"this batch starts at {start}, past the committed source offsets {committed}: in "
+            f"{opts.mode} mode the rows in between would be missing (a replica that skipped "
+            "batches, or a standby that started late)"
+        )
+    elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
+        return
+    else:
+        message = (
+            f"epochs {desc.lower}..{desc.upper - 2} were never committed to the target; in "
+            f"{opts.mode} mode their rows would be missing (was the table restored, a "
+            "standby promoted late, or the checkpoint replaced?)"
+        )
+    if not opts.allow_gaps:
+        raise LineageError(message + ". Nothing was written; set allow_gaps=True to go on.", where)
+    log.warning("%s: %s", where, message)

@@ -1,0 +1,198 @@
+"""Status: what the target says about the views it holds, read from the Delta log alone.
+
+Everything comes from the latest snapshot (frontier, lineage and promotion app transactions,
+the file list) and the commit metadata mvsink writes with every commit (``mvsink.view``,
+``mvsink.epoch``, ``mvsink.inserted`` ..., ``mvsink.attempts``) over the last ``history``
+commits, plus the notes stalled sinks leave (``clock.Stall``). No data file is read, so it
+is cheap on any table and store.
+
+``Status.to_json`` is the stable form behind ``mvsink status --json`` (docs/operations.md):
+fields are only ever added, never renamed or removed, and ``"format"`` names its version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mvsink.epoch.cadence import at_key
+from mvsink.epoch.clock import stall_notes
+from mvsink.errors import Where
+from mvsink.table.catalog import locate
+from mvsink.table.delta import history as delta_history
+from mvsink.table.delta import load_snapshot, metadata_int
+from mvsink.table.storage import Store
+
+FORMAT = 1
+"""Version of the JSON form; bumped only if a field changes meaning."""
+
+
+@dataclass(frozen=True)
+class LastCommit:
+    """The view's newest commit within the history read."""
+
+    version: int
+    timestamp_ms: int
+    epoch: int | None
+    inserted: int
+    retracted: int
+    lineage: str | None
+    writer: str | None
+
+
+@dataclass(frozen=True)
+class ViewStatus:
+    view: str
+    frontier: int | None
+    """The upper of the view's last commit (``mvsink:<view>``)."""
+    owner_generation: int | None
+    """The generation of the lineage that owns the view (None: no lineage recorded)."""
+    active_writer: str | None
+    """The writer promoted last (``mvsink promote``), if the promotion is within the history
+    read; ``"#<n>"`` for promotion number n otherwise; None: never promoted (active-active)."""
+    last_commit: LastCommit | None
+    versions_behind: int | None
+    """Table versions committed after the view's last commit (by anyone)."""
+    seconds_since_commit: float | None
+    commits: int
+    """The view's commits within the history read."""
+    retried_commits: int
+    """Of those, commits that lost at least one commit race before landing."""
+    conflicts: int
+    """Commit races lost by those commits in all."""
+    stalled: tuple[dict[str, Any], ...] = ()
+    """Sinks of the view stalled under a shared clock (``clock.Stall``): each says its writer,
+    lineage, the epoch it stalled ``since_epoch``, its last ``epoch``, ``time``, the
+    ``committed`` time it cannot pass and the ``verdict``. Empty: none."""
+
+
+@dataclass(frozen=True)
+class Status:
+    target: str
+    table_version: int | None
+    """None: there is no table yet."""
+    rows: int
+    files: int
+    bytes: int
+    small_files: int
+    """Files with fewer than ``small_rows`` rows (or no row count): what compaction looks at
+    (it merges two or more in a partition, up to its row limit per run)."""
+    small_rows: int
+    views: tuple[ViewStatus, ...]
+    history: int
+    """How many of the newest commits were read for the per-commit figures."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self), "views": [asdict(v) for v in self.views]}
+
+    def __str__(self) -> str:
+        if self.table_version is None:
+            return f"{self.target}: no Delta table"
+        lines = [
+            f"{self.target}: version {self.table_version}, {self.rows:,} rows in {self.files:,} files "
+            f"({self.bytes:,} bytes; {self.small_files:,} with fewer than {self.small_rows:,} rows)"
+        ]
+        if not self.views:
+            lines.append(f"  no mvsink view committed within the last {self.history} versions")
+        for v in self.views:
+            lines.append(f"  view {v.view}: frontier {v.frontier}")
+            c = v.last_commit
+            if c is not None:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.timestamp_ms / 1000))
+                lines.append(
+                    f"    last commit: version {c.version} at {when} UTC (epoch {c.epoch}, +{c.inserted} "
+                    f"-{c.retracted} rows, lineage {c.lineage}, writer {c.writer}); "
+                    f"{v.versions_behind} version(s) behind the table, {v.seconds_since_commit:.0f}s ago"
+                )
+            lines.append(
+                f"    lineage generation {v.owner_generation}; active writer "
+                f"{v.active_writer or '(none: every replica writes)'}; {v.commits} commit(s) read, "
+                f"{v.retried_commits} retried, {v.conflicts} race(s) lost"
+            )
+            for note in v.stalled:
+                lines.append(
+                    f"    STALLED: writer {note.get('writer')} (lineage {note.get('lineage')}) wrote nothing "
+                    f"since its epoch {note.get('since_epoch')}: its time {json.dumps(note.get('time'))} "
+                    f"is {note.get('verdict')} the committed {json.dumps(note.get('committed'))}"
+                )
+        return "\n".join(lines)
+
+
+def status(
+    target: str,
+    name: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    history: int = 200,
+    small_rows: int = 12_500,
+) -> Status:
+    """The status of view ``name`` (or of every view committed within the last ``history``
+    versions) in the Delta table at ``target``."""
+    options = dict(storage_options or {})
+    where = Where(name, target)
+    target = locate(target, where)
+    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
+    if not snap.exists:
+        return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
+    # The snapshot's own handle: the history ends at the version the figures describe.
+    commits = delta_history(snap._table, history)
+    names = sorted(
+        {str(c["mvsink.view"]) for c in commits if "mvsink.view" in c} | ({name} if name else set())
+    )
+    if name:
+        names = [name]
+    assert snap.version is not None
+    store = Store(snap.root, options)
+    views = tuple(_view(snap, n, commits, stall_notes(store, snap, n)) for n in names)
+    return Status(
+        target=target,
+        table_version=snap.version,
+        rows=sum(f.num_records or 0 for f in snap.files),
+        files=len(snap.files),
+        bytes=sum(f.size for f in snap.files),
+        small_files=sum(1 for f in snap.files if f.num_records is None or f.num_records < small_rows),
+        small_rows=small_rows,
+        views=views,
+        history=history,
+    )
+
+
+def _view(snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dict[str, Any]]) -> ViewStatus:
+    app = f"mvsink:{view}"
+    mine = [c for c in commits if c.get("mvsink.view") == view and "mvsink.epoch" in c]
+    newest = max(mine, key=lambda c: int(c["version"])) if mine else None
+    last = None
+    if newest is not None:
+        last = LastCommit(
+            version=int(newest["version"]),
+            timestamp_ms=int(newest.get("timestamp") or snap.transaction(at_key(app)) or 0),
+            epoch=metadata_int(newest.get("mvsink.epoch")),
+            inserted=metadata_int(newest.get("mvsink.inserted")) or 0,
+            retracted=metadata_int(newest.get("mvsink.retracted")) or 0,
+            lineage=newest.get("mvsink.lineage"),
+            writer=newest.get("mvsink.writer"),
+        )
+    attempts = [metadata_int(c.get("mvsink.attempts")) or 1 for c in mine]
+    active = snap.transaction(f"{app}#active")
+    writer = None
+    if active is not None:
+        promotions = [c for c in commits if c.get("mvsink.view") == view and "mvsink.promoted" in c]
+        newest_promotion = max(promotions, key=lambda c: int(c["version"])) if promotions else None
+        writer = str(newest_promotion["mvsink.promoted"]) if newest_promotion else f"#{active}"
+    at = snap.transaction(at_key(app)) or (last.timestamp_ms if last else None)
+    return ViewStatus(
+        view=view,
+        frontier=snap.transaction(app),
+        owner_generation=snap.transaction(f"{app}#owner"),
+        active_writer=writer,
+        last_commit=last,
+        versions_behind=None if last is None else snap.version - last.version,
+        seconds_since_commit=None if at is None else max(0.0, time.time() - at / 1000),
+        commits=len(mine),
+        retried_commits=sum(1 for a in attempts if a > 1),
+        conflicts=sum(a - 1 for a in attempts),
+        stalled=tuple(stalled),
+    )

@@ -1,0 +1,223 @@
+"""Verify: does the target equal desired, as a multiset? Computed once, by Spark.
+
+Independent of the sink's own bookkeeping: the target's data files are read and hashed again
+(the stored index is not consulted), desired is evaluated once, and both sides are compared by
+row fingerprint (mvsink's row equality: null-safe, NaN equal to NaN, maps order-free) in one
+Spark aggregation, so nothing row-sized comes to the driver but the samples. Given the view's
+name, it also checks the view's stored index: every entry the sink would trust must hold its
+file's fingerprints (tasks read the files a second time for that).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from mvsink.errors import ConfigError, InputError, Where, first_line
+from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
+from mvsink.plan.rules import rules_for
+from mvsink.table.catalog import locate
+from mvsink.table.delta import Snapshot, load_snapshot
+from mvsink.table.fingerprint import FP_A, FP_B
+from mvsink.table.index import StoredIndex
+from mvsink.table.schema import check_fits, check_supported, stored_struct, target_struct
+from mvsink.table.storage import Store
+from mvsink.table.write import Layout, raise_task_errors
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of ``verify``: ``equal`` when no row is missing or extra."""
+
+    target: str
+    view: str | None
+    table_version: int | None
+    desired_rows: int
+    target_rows: int
+    missing: int
+    """Rows desired holds more often than the target (counted with multiplicity)."""
+    extra: int
+    """Rows the target holds more often than desired."""
+    missing_sample: tuple[dict[str, Any], ...]
+    """Up to ``sample`` distinct missing rows."""
+    extra_sample: tuple[dict[str, Any], ...]
+    """Up to ``sample`` distinct extra rows."""
+    index_mismatches: tuple[str, ...] = ()
+    """With a view name: data files whose index entry (which the sink trusts, as its path,
+    size and row count match the log) does not hold the file's rows, e.g. a file replaced in
+    place by one of the same size. The sink would compute wrong corrections from them: delete
+    their entries (``_mvsink/<view>/index/``) and it recomputes them."""
+
+    @property
+    def equal(self) -> bool:
+        """No row missing or extra (whatever the index says)."""
+        return self.missing == 0 and self.extra == 0
+
+    @property
+    def ok(self) -> bool:
+        """Equal, and no index entry contradicts its file."""
+        return self.equal and not self.index_mismatches
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "equal": self.equal, **asdict(self)}
+
+    def __str__(self) -> str:
+        head = f"{self.target} (view {self.view}, version {self.table_version})"
+        stale = [
+            f"  index entry contradicts its data file (delete the entry; the sink recomputes it): {p}"
+            for p in self.index_mismatches
+        ]
+        if self.equal:
+            return "\n".join([f"{head} equals desired: {self.target_rows:,} rows", *stale])
+        lines = [
+            f"{head} differs from desired: {self.missing:,} row(s) missing, {self.extra:,} extra "
+            f"(target {self.target_rows:,} rows, desired {self.desired_rows:,})"
+        ]
+        for label, sample in (("missing", self.missing_sample), ("extra", self.extra_sample)):
+            lines += [f"  {label}: {json.dumps(r, default=str, sort_keys=True)}" for r in sample]
+        return "\n".join([*lines, *stale])
+
+
+def verify(
+    desired: DataFrame,
+    target: str,
+    name: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    sample: int = 20,
+) -> Verification:
+    """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets."""
+    options = dict(storage_options or {})
+    where = Where(name, target)
+    target = locate(target, where, desired.sparkSession)
+    check_supported(desired.schema, where)
+    stored = stored_struct(desired.schema, None)
+    snap = load_snapshot(
+        target, f"mvsink:{name or ''}", options, where, writing=False, spark=desired.sparkSession
+    )
+    if not snap.exists or snap.schema_json is None:
+        raise ConfigError("there is no Delta table to verify (check the path)", where)
+    snap.require_rows(where)
+    check_fits(stored, snap.schema_json, where)
+    layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+    want = with_fingerprints(desired, layout).persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once
+    fp = [FP_A, FP_B]
+    spark = desired.sparkSession
+    have = stored_rows(spark, snap, Store(snap.root, options), layout) if snap.files else None
+    counts = want.groupBy(*fp).agg(F.count(F.lit(1)).alias("d")).withColumn("t", F.lit(0))
+    if have is not None:
+        held = have.groupBy(*fp).agg(F.count(F.lit(1)).alias("t")).withColumn("d", F.lit(0))
+        counts = counts.unionByName(held).groupBy(*fp).agg(F.sum("d").alias("d"), F.sum("t").alias("t"))
+    counts = counts.withColumn("n", F.col("d") - F.col("t")).cache()
+    try:
+        result = _compare(snap, name, target, want, have, counts, sample)
+        if name and snap.files:
+            index = StoredIndex.of(Store(snap.root, options), name, layout.arrow)
+            result = replace(result, index_mismatches=tuple(mismatched_entries(spark, snap, index, layout)))
+        return result
+    except Exception as exc:
+        raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
+        raise
+    finally:
+        counts.unpersist()
+        want.unpersist()
+
+
+def _compare(
+    snap: Snapshot,
+    name: str | None,
+    target: str,
+    want: DataFrame,
+    have: DataFrame | None,
+    counts: DataFrame,
+    sample: int,
+) -> Verification:
+    """Totals and samples of the cached ``counts`` (fingerprint, desired, held, difference)."""
+    totals = counts.agg(
+        F.sum("d").alias("desired"),
+        F.sum("t").alias("held"),
+        F.sum(F.greatest(F.col("n"), F.lit(0))).alias("missing"),
+        F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("extra"),
+    ).first()
+    figures = {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()}
+    missing, extra = figures.get("missing", 0), figures.get("extra", 0)
+    missing_rows = _sample(want, counts.where("n > 0"), sample) if missing else ()
+    extra_rows = _sample(have, counts.where("n < 0"), sample) if extra and have is not None else ()
+    return Verification(
+        target=target,
+        view=name,
+        table_version=snap.version,
+        desired_rows=figures.get("desired", 0),
+        target_rows=figures.get("held", 0),
+        missing=missing,
+        extra=extra,
+        missing_sample=missing_rows,
+        extra_sample=extra_rows,
+    )
+
+
+def _sample(rows: DataFrame, keys: DataFrame, n: int) -> tuple[dict[str, Any], ...]:
+    """Up to ``n`` distinct rows of ``rows`` whose fingerprints are among ``keys``'."""
+    picked = rows.join(F.broadcast(keys.select(FP_A, FP_B).limit(n)), [FP_A, FP_B], "left_semi")
+    picked = picked.dropDuplicates([FP_A, FP_B])
+    return tuple(_plain(r.asDict(recursive=True)) for r in picked.drop(FP_A, FP_B).limit(n).collect())
+
+
+def _plain(value: Any) -> Any:
+    """A sample row as JSON can hold it: map keys as strings, NaN and infinities as strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
+    """Desired of a complete-mode job file's view, computed once: its streaming query run over
+    what its sources hold now (a fresh checkpoint under ``scratch``), the last batch kept."""
+    if job.job.output_mode != "complete" or job.sink.mode != "complete":
+        raise ConfigError(
+            "verify --job needs a complete-mode job (a batch of an upsert or append query is not "
+            "the whole view); give the view's query with --sql instead",
+            Where(job.sink.name, job.sink.target),
+        )
+    out = f"{scratch}/desired"
+
+    def keep(batch: DataFrame, _: int) -> None:
+        batch.write.mode("overwrite").parquet(out)
+
+    where = Where(job.sink.name, job.sink.target)
+    stream = job.job.load_query()(spark)
+    try:
+        query = (
+            stream.writeStream.outputMode("complete")
+            .foreachBatch(keep)
+            .option("checkpointLocation", f"{scratch}/checkpoint")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    except Exception as exc:
+        raise InputError(f"the job's query failed: {first_line(exc)}", where) from None
+    if not os.path.exists(out):  # no batch ran: the sources hold nothing yet
+        empty: DataFrame = spark.createDataFrame([], stream.schema)
+        return empty
+    result: DataFrame = spark.read.parquet(out)
+    if job.sink.on_error == "table":  # error rows belong in the errors table, not the view
+        target = locate(job.sink.target, where, spark)
+        snap = load_snapshot(target, job.sink.app_id, job.sink.storage_options, where, writing=False)
+        rules = rules_for(snap, job.sink, where)
+        result = result.where(rules.broken().isNull())
+    return result

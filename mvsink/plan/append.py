@@ -1,0 +1,42 @@
+"""Append mode: each micro-batch holds rows to add, exactly once per epoch.
+
+Nothing is read or compared: Spark tasks write the batch as is (``write.write_frame``), and
+the commit's frontier makes a replayed epoch write nothing. When the target has rules (NOT
+NULL, CHECK), the batch is cached first, so the rows checked are the rows written.
+"""
+
+from __future__ import annotations
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from mvsink.plan.context import EpochContext
+from mvsink.plan.rules import rules_for
+from mvsink.table.delta import Snapshot
+from mvsink.table.fingerprint import quote
+from mvsink.table.write import Layout, Plan, Staged
+
+
+class Append:
+    """Plans append-mode attempts of one epoch."""
+
+    def __init__(self, ctx: EpochContext) -> None:
+        self.ctx = ctx
+        self.cached: DataFrame | None = None
+
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan:
+        rules = rules_for(snap, self.ctx.opts, self.ctx.where)
+        rows = self.cached or self.ctx.batch
+        if rules and self.cached is None:
+            self.cached = rows = self.ctx.batch.persist(StorageLevel.MEMORY_AND_DISK)
+        self.ctx.enforce(rows, rules)
+        return Plan(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), None)
+
+    def committed(self, staged: Staged) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.cached is not None:
+            self.cached.unpersist()
+            self.cached = None

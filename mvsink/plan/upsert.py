@@ -1,0 +1,482 @@
+"""Upsert mode: each micro-batch carries the new rows of the keys that changed.
+
+For a batch, per key:
+
+1. Several rows for one key: with ``sequence_column`` the highest sequence wins (a tie at the
+   top is ambiguous and an error); without it, ``DuplicateKeyError``. A null key or a null
+   sequence is bad input. All of this is checked before anything is written.
+2. The touched keys' winning rows go to the driver as Arrow (one Spark job); the snapshot's
+   files are pruned to those whose partition values and key min/max statistics can hold one
+   of them, and only those are read, through the I/O layer; their rows of touched keys are
+   fingerprinted and decided with Arrow joins. Cost follows the touched keys, not the table.
+   A first epoch on an empty target writes the winners from Spark tasks, never collected.
+3. For each touched key the desired row is the batch's winner, unless the target already
+   holds a newer sequence for the key (then the stored newest row stays), or the winner is a
+   delete (then nothing). Whatever the target holds for the key (nothing, several rows, a
+   stale value) becomes exactly that: one stored copy equal to it is kept, every other stored
+   row of the key is retracted, and the winner is inserted if no copy was kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DateType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from mvsink.compat import to_arrow
+from mvsink.errors import DuplicateKeyError, InputError, Where
+from mvsink.plan.context import EpochContext
+from mvsink.plan.distributed import with_fingerprints
+from mvsink.plan.prune import candidate_files, files_in_ranges
+from mvsink.plan.rules import rules_for
+from mvsink.table.delta import Snapshot
+from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
+from mvsink.table.storage import Store
+from mvsink.table.write import (
+    IO_THREADS,
+    Layout,
+    Plan,
+    Rewrite,
+    Staged,
+    TaskRewrites,
+    file_frame,
+    in_task,
+    raise_task_errors,
+    task_files,
+)
+
+FILE = "__mvsink_file"
+POS = "__mvsink_pos"
+DEL = "__mvsink_delete"
+_RN = "__mvsink_rn"
+_RK = "__mvsink_rk"
+_TI = "__mvsink_touched"
+_SIDE = "__mvsink_side"
+_KIND = "__mvsink_kind"
+_RANGE = "__mvsink_range"
+KEY_RANGES = 256
+"""Ranges the distributed path cuts touched keys into to prune files (``_key_ranges``)."""
+_ADDRESS = StructType([StructField(n, LongType()) for n in (FILE, POS, FP_A, FP_B)])
+
+
+@dataclass(frozen=True)
+class UpsertSpec:
+    key: tuple[str, ...]
+    delete_column: str | None
+    sequence_column: str | None
+
+
+def prepare(batch: DataFrame, schema: StructType, spec: UpsertSpec, where: Where) -> DataFrame:
+    """The batch ranked within each key, cached, and checked (rule 1 of the module doc).
+
+    The caller unpersists it when the epoch ends; retries of the epoch reuse it.
+    """
+    ranked = _ranked(batch, schema, spec).persist()
+    try:
+        _check(ranked, spec, where)
+    except BaseException:
+        ranked.unpersist()
+        raise
+    return ranked
+
+
+def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame:
+    keys = [F.col(quote(k)) for k in spec.key]
+    seq = F.col(quote(spec.sequence_column)) if spec.sequence_column else None
+    w = Window.partitionBy(*keys).orderBy(seq.desc() if seq is not None else F.lit(1))
+    # A null marker is refused by _check; it is never read as "not deleted".
+    deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
+    return batch.select(
+        *[F.col(quote(c)) for c in schema.names],
+        deleted.alias(DEL),
+        F.row_number().over(w).alias(_RN),
+        (F.rank().over(w) if seq is not None else F.lit(1)).alias(_RK),
+    )
+
+
+def stored_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
+    """The rows of a prepared batch that the target would hold: each key's winner, unless a
+    delete."""
+    return ranked.where((F.col(_RN) == 1) & ~F.col(DEL)).select(*[F.col(quote(c)) for c in schema.names])
+
+
+def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
+    """One Spark job finding null keys, null sequences and duplicate keys."""
+    null_key = F.lit(False)
+    for k in spec.key:
+        null_key = null_key | F.col(quote(k)).isNull()
+    null_seq = F.col(quote(spec.sequence_column)).isNull() if spec.sequence_column else F.lit(False)
+    null_del = F.col(DEL).isNull()
+    dup = (F.col(_RN) == 2) & (F.col(_RK) == 1)
+    kind = (
+        F.when(null_key, "null key")
+        .when(null_seq, "null sequence")
+        .when(null_del, "null delete marker")
+        .otherwise("duplicate")
+    )
+    found = (
+        ranked.where(null_key | null_seq | null_del | dup)
+        .select(kind.alias("kind"), *[F.col(quote(k)) for k in spec.key])
+        .limit(20)
+        .collect()
+    )
+    kinds = {r["kind"] for r in found}
+    if "null key" in kinds:
+        raise InputError(
+            f"a row has a null in key column(s) {', '.join(spec.key)}; keys must not be null", where
+        )
+    if "null sequence" in kinds:
+        raise InputError(f"a row has a null sequence ({spec.sequence_column})", where)
+    if "null delete marker" in kinds:
+        raise InputError(
+            f"a row has a null delete marker ({spec.delete_column}); say true or false, so that a "
+            "delete is never taken for an update",
+            where,
+        )
+    duplicates = [r for r in found if r["kind"] == "duplicate"]
+    if duplicates:
+        shown = ", ".join(str(tuple(r[k] for k in spec.key)) for r in duplicates[:5])
+        why = (
+            f"with the same highest {spec.sequence_column}"
+            if spec.sequence_column
+            else "and no sequence_column to order them"
+        )
+        raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
+
+
+class Upsert:
+    """Plans upsert-mode attempts of one epoch (see the module doc)."""
+
+    def __init__(self, ctx: EpochContext) -> None:
+        self.ctx = ctx
+        opts = ctx.opts
+        self.spec = UpsertSpec(opts.key, opts.delete_column, opts.sequence_column)
+        self.ranked: DataFrame | None = None
+        self.touched: pa.Table | None = None
+        self.attempt: list[DataFrame] = []
+
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan:
+        ctx, schema = self.ctx, layout.struct
+        rules = rules_for(snap, ctx.opts, ctx.where)
+        with ctx.phase("prepare"):
+            if self.ranked is None:
+                self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)
+            ctx.enforce(stored_rows(self.ranked, schema), rules)
+        if not snap.files and self.touched is None:
+            return Plan(stored_rows(self.ranked, schema), None)
+        self._release_attempt()
+        if self.touched is None and ctx.placement(snap) == "distributed":
+            return self._plan_distributed(snap, layout)
+        if self.touched is None:
+            with ctx.phase("collect"):
+                cols = [F.col(quote(c)) for c in schema.names]
+                table = ctx.collect(self.ranked.where(F.col(_RN) == 1).select(*cols, F.col(DEL)))
+                if table is None:  # too big for the driver
+                    return self._plan_distributed(snap, layout)
+                ctx.batch_ran = True  # the touched keys were collected from the whole batch
+            with ctx.phase("fingerprint"):
+                rows = table.select(schema.names).cast(layout.arrow)
+                a, b = fingerprints(rows)
+                self.touched = (
+                    rows.append_column(DEL, table.column(DEL))
+                    .append_column(FP_A, pa.array(a))
+                    .append_column(FP_B, pa.array(b))
+                )
+        touched = self.touched
+        with ctx.phase("read"):
+            files = [snap.files[i] for i in candidate_files(snap, touched, self.spec.key)]
+            tables = self._read(files, layout, snap)
+            stored = _stored(tables, touched, self.spec)
+        ctx.files_read += len(files)
+        with ctx.phase("diff"):
+            insert, drop_file, drop_pos = _decide(touched, stored, self.spec)
+        rewrites = []
+        if len(drop_file):
+            order = np.lexsort((drop_pos, drop_file))
+            drop_file, drop_pos = drop_file[order], drop_pos[order]
+            bounds = np.flatnonzero(np.diff(drop_file)) + 1
+            for numbers, positions in zip(
+                np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True
+            ):
+                k = int(numbers[0])
+                rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
+        n = int(insert.sum())
+        inserts = touched.filter(pa.array(insert)).select(schema.names) if n else None
+        return Plan(inserts, n, tuple(rewrites))
+
+    def _read(self, files: list, layout: Layout, snap: Snapshot) -> list[pa.Table]:  # type: ignore[type-arg]
+        store = self.ctx.store
+        with ThreadPoolExecutor(IO_THREADS) as pool:
+            return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
+
+    def _plan_distributed(self, snap: Snapshot, layout: Layout) -> Plan:
+        """The plan made by Spark (``distributed.py``): touched keys are never collected. The
+        files that may hold one are read by tasks, their rows of touched keys joined with the
+        winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
+        ctx, spec = self.ctx, self.spec
+        assert self.ranked is not None
+        spark = ctx.batch.sparkSession
+        keys = [F.col(quote(k)) for k in spec.key]
+        winners_raw = self.ranked.where(F.col(_RN) == 1)
+        with ctx.phase("prune"):
+            ranges = to_arrow(_key_ranges(winners_raw, snap, spec))
+            ctx.batch_ran = True
+            numbers = files_in_ranges(snap, ranges, spec.key)
+        ctx.files_read += len(numbers)
+        winners = with_fingerprints(winners_raw, layout, [StructField(DEL, BooleanType())])
+        held = [*spec.key, *([spec.sequence_column] if spec.sequence_column else [])]
+        held_fields = [layout.struct[c] for c in held]
+        reader = _KeyReader(ctx.store, layout.arrow, snap.partition_by, tuple(held))
+        stored = (
+            file_frame(spark, snap.files, numbers)
+            .mapInArrow(reader, StructType([*held_fields, *_ADDRESS.fields]))
+            .join(winners.select(*keys), list(spec.key), "left_semi")
+        )
+        both = winners.select(
+            "*",
+            F.lit(None).cast("long").alias(FILE),
+            F.lit(None).cast("long").alias(POS),
+            F.lit(0).alias(_SIDE),
+        ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
+        out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
+        decided = both.repartition(*keys).mapInArrow(_Decider(spec, layout), out)
+        decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
+        self.attempt.append(decided)
+        with ctx.phase("diff"):
+            try:
+                counts = {r[_KIND]: r["count"] for r in decided.groupBy(_KIND).count().collect()}
+            except Exception as exc:
+                raise_task_errors(exc, ctx.where)
+                raise
+        inserted, retracted = counts.get(0, 0), counts.get(1, 0)
+        drops = (
+            decided.where(F.col(_KIND) == 1)
+            .groupBy(F.col(FILE).alias("file_no"))
+            .agg(F.array_sort(F.collect_list(POS)).alias("drop"))
+            .join(file_frame(spark, snap.files, numbers), "file_no")
+        )
+        # About a file's worth of rows per write task.
+        tasks = max(1, -(-inserted // ctx.opts.max_rows_per_file))
+        inserts = decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
+        return Plan(
+            inserts.repartition(tasks) if inserted else None,
+            inserted,
+            TaskRewrites(drops, snap.files, retracted) if retracted else (),
+        )
+
+    def _release_attempt(self) -> None:
+        for frame in self.attempt:
+            frame.unpersist()
+        self.attempt = []
+
+    def committed(self, staged: Staged) -> None:
+        pass
+
+    def close(self) -> None:
+        self._release_attempt()
+        if self.ranked is not None:
+            self.ranked.unpersist()
+            self.ranked = None
+
+
+def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.Table | None:
+    """The rows of the read files whose key was touched: key, sequence, address, fingerprint."""
+    keys = touched.select(list(spec.key))
+    parts = []
+    seq = [spec.sequence_column] if spec.sequence_column else []
+    for k, rows in enumerate(tables):
+        if rows.num_rows == 0:
+            continue
+        # Join on the keys alone (Arrow joins carry no nested columns), then take whole rows.
+        addressed = rows.select([*spec.key, *seq]).append_column(
+            POS, pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        )
+        hit = addressed.join(keys, list(spec.key), join_type="left semi")
+        if hit.num_rows == 0:
+            continue
+        a, b = fingerprints(rows.take(hit.column(POS)))
+        parts.append(
+            hit.select([*spec.key, *seq, POS])
+            .append_column(FILE, pa.array(np.full(hit.num_rows, k, dtype=np.int64)))
+            .append_column(FP_A, pa.array(a))
+            .append_column(FP_B, pa.array(b))
+        )
+    return pa.concat_tables(parts) if parts else None
+
+
+def _decide(
+    touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec
+) -> tuple[npt.NDArray[np.bool_], I64, I64]:
+    """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, and
+    the stored rows to drop as (file number, position)."""
+    n = touched.num_rows
+    want_a = touched.column(FP_A).to_numpy().copy()
+    want_b = touched.column(FP_B).to_numpy().copy()
+    want = ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
+    from_batch = np.ones(n, dtype=bool)
+    z = np.zeros(0, dtype=np.int64)
+    if stored is None or stored.num_rows == 0:
+        return want, z, z
+    # Tie each stored row to its touched key, then order rows by key, file and position: the
+    # earliest stored copy equal to the wanted row is the one kept.
+    index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
+    rows = stored.join(index, list(spec.key), join_type="inner")
+    rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
+    if rows.num_rows == 0:
+        return want, z, z
+    ti = rows.column(_TI).to_numpy()
+    sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
+    if spec.sequence_column:
+        # A stored row newer than the batch's for its key stays (an old event never rolls a
+        # key back). Rows with a null sequence are older than any.
+        seq = spec.sequence_column
+        by_seq = pc.sort_indices(
+            rows,
+            [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
+        ).to_numpy()
+        newest = by_seq[starts]  # per key present in stored, its newest stored row
+        keys_of = ti[starts]
+        newer = pc.fill_null(
+            pc.greater(rows.column(seq).take(pa.array(newest)), touched.column(seq).take(pa.array(keys_of))),
+            False,
+        ).to_numpy(zero_copy_only=False)
+        k, r = keys_of[newer], newest[newer]
+        want_a[k], want_b[k], want[k], from_batch[k] = sa[r], sb[r], True, False
+    match = want[ti] & (sa == want_a[ti]) & (sb == want_b[ti])
+    seen = np.cumsum(match)
+    before_group = np.repeat(seen[starts] - match[starts], np.diff(np.append(starts, len(ti))))
+    kept = match & (seen - before_group == 1)
+    has_kept = np.zeros(n, dtype=bool)
+    has_kept[ti[kept]] = True
+    insert = want & from_batch & ~has_kept
+    drop = pa.array(~kept)
+    return (
+        insert,
+        rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
+        rows.column(POS).filter(drop).to_numpy(),
+    )
+
+
+def _key_ranges(winners: DataFrame, snap: Snapshot, spec: UpsertSpec) -> DataFrame:
+    """Touched keys as at most ``KEY_RANGES`` ranges per group of keys sharing their partition
+    key values (as the log writes them): the least and greatest value of each other key
+    column per range (``prune.files_in_ranges``). The keys are range-partitioned by Spark, so
+    each range holds neighbouring keys and a range rarely spans untouched files."""
+    # A partition key prunes only if Spark's string of it is the log's (not timestamps, not
+    # floats): otherwise it is left out, and files of every partition value are candidates.
+    types = {f.name: f.dataType for f in winners.schema.fields}
+    text = (StringType, IntegerType, LongType, ShortType, ByteType, DateType, BooleanType)
+    part_keys = [k for k in spec.key if k in snap.partition_by and isinstance(types[k], text)]
+    others = [k for k in spec.key if k not in snap.partition_by]
+    groups = [F.col(quote(k)).cast("string").alias(k) for k in part_keys]
+    if not others:
+        return winners.groupBy(*groups).count()
+    ranged = winners.repartitionByRange(KEY_RANGES, *[F.col(quote(k)) for k in others])
+    aggs = [F.min(quote(k)).alias(f"lo.{k}") for k in others] + [
+        F.max(quote(k)).alias(f"hi.{k}") for k in others
+    ]
+    return ranged.groupBy(*groups, F.spark_partition_id().alias(_RANGE)).agg(*aggs)
+
+
+@dataclass(frozen=True)
+class _KeyReader:
+    """Runs in a Spark task: each file's rows as (key and sequence columns, address,
+    fingerprint)."""
+
+    store: Store
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    held: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for row, file in task_files(batches):
+            with in_task(f"reading {file.path}"):
+                rows = self.store.read(file, self.schema, self.partition_by)
+                a, b = fingerprints(rows)
+            n = rows.num_rows
+            if n == 0:
+                continue
+            address = [np.full(n, row["file_no"], dtype=np.int64), np.arange(n, dtype=np.int64), a, b]
+            held = rows.select(list(self.held)).columns
+            yield from pa.Table.from_arrays(
+                [*held, *map(pa.array, address)], schema=self._schema()
+            ).to_batches()
+
+    def _schema(self) -> pa.Schema:
+        return pa.schema(
+            [self.schema.field(c) for c in self.held]
+            + [pa.field(n, pa.int64()) for n in (FILE, POS, FP_A, FP_B)]
+        )
+
+
+@dataclass(frozen=True)
+class _Decider:
+    """Runs in a Spark task holding every row of its keys, both sides: decides them (rule 3 of
+    the module doc, ``_decide``) and emits the rows to insert (kind 0) and the stored rows to
+    drop (kind 1, by file number and position)."""
+
+    spec: UpsertSpec
+    layout: Layout
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        held = list(batches)
+        if not held:
+            return
+        table = pa.Table.from_batches(held)
+        if table.num_rows == 0:
+            return
+        schema, spec = self.layout.arrow, self.spec
+        side = table.column(_SIDE).to_numpy(zero_copy_only=False)
+        touched_rows = table.filter(pa.array(side == 0))
+        touched = (
+            touched_rows.select(schema.names)
+            .cast(schema)
+            .append_column(DEL, touched_rows.column(DEL))
+            .append_column(FP_A, touched_rows.column(FP_A))
+            .append_column(FP_B, touched_rows.column(FP_B))
+        )
+        seq = [spec.sequence_column] if spec.sequence_column else []
+        stored_rows = table.filter(pa.array(side == 1))
+        stored = pa.table(
+            {
+                **{c: stored_rows.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]},
+                POS: stored_rows.column(POS),
+                FILE: stored_rows.column(FILE),
+                FP_A: stored_rows.column(FP_A),
+                FP_B: stored_rows.column(FP_B),
+            }
+        )
+        with in_task("deciding touched keys"):
+            insert, drop_file, drop_pos = _decide(touched, stored if stored.num_rows else None, spec)
+        out = pa.schema(
+            [*schema, pa.field(_KIND, pa.int32()), pa.field(FILE, pa.int64()), pa.field(POS, pa.int64())]
+        )
+        ins = touched.filter(pa.array(insert)).select(schema.names)
+        n, m = ins.num_rows, len(drop_file)
+        if n + m == 0:
+            return
+        columns = [pa.concat_arrays([*c.chunks, pa.nulls(m, c.type)]) for c in ins.columns]
+        kinds = pa.array(np.concatenate([np.zeros(n, np.int32), np.ones(m, np.int32)]))
+        files = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_file, pa.int64())])
+        positions = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_pos, pa.int64())])
+        yield from pa.Table.from_arrays([*columns, kinds, files, positions], schema=out).to_batches()

@@ -1,0 +1,7 @@
+"""``mvsink-delta``: a Delta table as a Spark stream (``reader``), and the exact change of one
+commit (``changes``). ``register(spark)`` is the entry point.
+Imports ``table`` and the base modules."""
+
+from mvsink.sources.reader import register
+
+__all__ = ["register"]

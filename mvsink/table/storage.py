@@ -1,0 +1,540 @@
+"""The I/O layer: every read and write of the target's data files, on the driver or in a task.
+
+The target's bytes move through Arrow, never through Spark's Hadoop file system: a ``Store``
+is the table root plus the sink's ``storage_options``, and gives a ``pyarrow`` file system
+whose paths are relative to the root:
+
+* local paths and ``file://`` URIs: pyarrow's own local file system (memory-mapped reads);
+* ``s3://``, ``az://``/``abfss://``, ``gs://`` ...: delta-rs's object store
+  (``deltalake.fs.DeltaStorageHandler``) wrapped in ``pyarrow.fs.PyFileSystem``, so files move
+  with exactly the credentials, endpoint and options the commits use, and no connector jar or
+  second credential scheme is needed.
+
+A ``Store`` is a small picklable value: Spark tasks (``mapInArrow``) receive it and open their
+own file system on first use (one per process). Files are written whole into memory, then put
+with one request; their size and Parquet footer (hence their Delta statistics) are in hand, so
+no file is ever read back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import functools
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote as url_quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
+from mvsink.table.delta import DataFile, NewFile, is_local, partition_string
+from mvsink.table.schema import field_id, is_mapped, physical_field, physical_name
+from mvsink.table.stats import metadata_stats
+
+log = logging.getLogger(__name__)
+
+DELETE_THREADS = 16
+"""Local deletes in flight at once."""
+# How Hive-style folders name a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_COMPRESSION = "snappy"
+
+
+@dataclass(frozen=True)
+class Written:
+    """One file written: its add action and, when asked for, its rows' fingerprints."""
+
+    file: NewFile
+    fp_a: np.ndarray | None = None
+    fp_b: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where a target's files live: ``root`` (a local path or a URI) and the options delta-rs
+    and the file system get. Picklable; ``fs`` is opened per process on first use."""
+
+    root: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return _filesystem(self.root, tuple(sorted(self.options.items())))
+
+    def read(
+        self, file: DataFile, schema: pa.Schema, partition_by: Sequence[str], *, every_row: bool = False
+    ) -> pa.Table:
+        """All rows of ``file`` in ``schema`` (the table's columns in order), partition columns
+        filled in from the values the log gives the file, less those its deletion vector
+        drops (unless ``every_row``: every row of the Parquet file)."""
+        parts = set(partition_by)
+        with self.fs.open_input_file(file.key) as fh:
+            raw = pq.read_table(fh, columns=None)
+        if file.deletion_vector and not every_row:
+            raw = raw.filter(pa.array(self.alive(file, raw.num_rows)))
+        stored = _by_name(raw.column_names, file.key)
+        ids = _by_field_id(raw.schema)
+        columns: dict[str, pa.Array | pa.ChunkedArray] = {}
+        for f in schema:
+            # The column's name in files (column mapping), or the column with its field id.
+            name = ids.get(field_id(f) or "", physical_name(f)).lower()
+            if f.name in parts:
+                columns[f.name] = partition_array(file.partition_values.get(f.name), f.type, raw.num_rows)
+            elif name in stored:
+                held = physical_field(f).type
+                columns[f.name] = _view(_cast(raw.column(stored[name]), held), f.type)
+            else:
+                # A column added to the table after this file was written: null in its rows.
+                columns[f.name] = pa.nulls(raw.num_rows, f.type)
+        return pa.table(columns, schema=schema)
+
+    def alive(self, file: DataFile, physical: int) -> np.ndarray:
+        """Which of the ``physical`` rows of ``file``'s Parquet file the version holds (a
+        boolean mask): all but those its deletion vector drops."""
+        from mvsink.table.deletion_vectors import read
+
+        keep = np.ones(physical, dtype=bool)
+        if file.deletion_vector:
+            dropped = read(self, file.deletion_vector)
+            if len(dropped) and int(dropped[-1]) >= physical:
+                raise InvariantViolation(
+                    f"the deletion vector of {file.path} drops row {int(dropped[-1])} of {physical}"
+                )
+            keep[dropped] = False
+        if file.num_records is not None and int(keep.sum()) != file.num_records:
+            raise InvariantViolation(
+                f"{file.path} holds {int(keep.sum())} rows past its deletion vector where the Delta "
+                f"log says {file.num_records}"
+            )
+        return keep
+
+    def write(
+        self,
+        folder: str,
+        rows: pa.Table,
+        partition_by: Sequence[str],
+        max_rows_per_file: int,
+        fingerprints: tuple[np.ndarray, np.ndarray] | None = None,
+        *,
+        schema: pa.Schema,
+    ) -> list[Written]:
+        """Write ``rows`` (the table's columns, and any others after them) under ``folder`` as
+        Parquet files of at most ``max_rows_per_file`` rows, one Hive-style folder per
+        partition value; fingerprints aligned with ``rows`` are sliced along with them. The
+        table's ``schema`` (an ``arrow_schema``) names the columns in the files: on a table with
+        column mapping, by their physical names and field ids."""
+        out: list[Written] = []
+        for values, idx in _partition_groups(rows, partition_by):
+            part = rows if idx is None else rows.take(idx)
+            fa = fb = None
+            if fingerprints is not None:
+                fa, fb = (
+                    (fingerprints[0], fingerprints[1])
+                    if idx is None
+                    else (fingerprints[0][idx], fingerprints[1][idx])
+                )
+            data = _physical(part.drop_columns(list(partition_by)) if partition_by else part, schema)
+            sub = "/".join(f"{_escape(c)}={_escape_value(values[c])}" for c in partition_by)
+            for start in range(0, part.num_rows, max_rows_per_file):
+                stop = min(part.num_rows, start + max_rows_per_file)
+                name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+                path = "/".join(p for p in (folder, sub, name) if p)
+                new = self._put(path, data.slice(start, stop - start), values)
+                out.append(
+                    Written(
+                        new, None if fa is None else fa[start:stop], None if fb is None else fb[start:stop]
+                    )
+                )
+        return out
+
+    def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
+        sink = pa.BufferOutputStream()
+        writer = pq.ParquetWriter(
+            sink, data.schema, compression=_COMPRESSION, use_compliant_nested_type=True, store_schema=False
+        )
+        writer.write_table(data, row_group_size=1 << 20)
+        writer.close()
+        buf = sink.getvalue()
+        n, stats = metadata_stats(writer.writer.metadata)
+        self.put(path, buf)
+        return NewFile(path, buf.size, n, stats, dict(values))
+
+    def put(self, path: str, data: pa.Buffer | bytes) -> None:
+        """Write ``data`` as the whole file at ``path``: readers see all of it or nothing (one
+        request on an object store; a temporary file renamed into place on local disk)."""
+        if is_local(self.root):
+            fs = self.fs
+            fs.create_dir(path.rpartition("/")[0], recursive=True)
+            temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+            with fs.open_output_stream(temp) as fh:
+                fh.write(data)
+            fs.move(temp, path)
+        else:
+            # Straight to delta-rs's object store: pyarrow's Python-file wrapper hands it Arrow
+            # buffers, which it does not take.
+            out = _handler(self.root, tuple(sorted(self.options.items()))).open_output_stream(path, None)
+            out.write(data.to_pybytes() if isinstance(data, pa.Buffer) else data)
+            out.close()
+
+    def get(self, path: str) -> pa.Buffer | None:
+        """The whole file at ``path``, or None if there is none."""
+        try:
+            with self.fs.open_input_file(path) as fh:
+                return fh.read_buffer()
+        except FileNotFoundError:
+            return None
+
+    def files(self, folder: str) -> list[str]:
+        """Paths (relative to the root) of the files under ``folder``, at any depth."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        return [self._relative(i.path) for i in infos if i.type == pafs.FileType.File]
+
+    def listing(self, folder: str) -> dict[str, tuple[int, float]]:
+        """``files(folder)`` with each file's size and modification time (seconds since 1970)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        return {
+            self._relative(i.path): (int(i.size or 0), i.mtime.timestamp() if i.mtime else 0.0)
+            for i in infos
+            if i.type == pafs.FileType.File
+        }
+
+    def sizes(self, paths: Sequence[str]) -> dict[str, int]:
+        """The sizes of those of ``paths`` that exist."""
+        infos = self.fs.get_file_info(list(paths)) if paths else []
+        return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete files, many at a time; one already gone is no error. Raises the first
+        failure after trying every file."""
+        todo = list(paths)
+        if not todo:
+            return
+        if not is_local(self.root):
+            _delete_remote(self.root, self.options, todo)
+            return
+        fs = self.fs
+
+        def one(path: str) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+
+        with ThreadPoolExecutor(min(DELETE_THREADS, len(todo))) as pool:
+            failures = [f.exception() for f in [pool.submit(one, p) for p in todo]]
+        first = next((e for e in failures if e is not None), None)
+        if first is not None:
+            raise first
+
+    def delete_later(self, paths: Iterable[str], what: str) -> None:
+        """Delete files off the caller's path, in a background thread: for cleanup nothing
+        waits for (index entries of files that left the table). A failure is a WARNING;
+        what stays behind is swept later."""
+        todo = list(paths)
+        if not todo:
+            return
+
+        def run() -> None:
+            try:
+                if is_local(self.root):
+                    self.delete(todo)
+                else:  # never in this process: its deletes would hold the GIL the epoch needs
+                    _delete_remote(self.root, self.options, todo, background=True)
+            except Exception as exc:
+                log.warning("could not delete %d %s under %s: %s", len(todo), what, self.root, exc)
+
+        try:
+            _cleanup_pool().submit(run)
+        except RuntimeError as exc:  # the interpreter is shutting down: a sweep catches them
+            log.warning("could not queue the deletes of %d %s under %s: %s", len(todo), what, self.root, exc)
+
+    def _relative(self, path: str) -> str:
+        path = path.lstrip("/")
+        if is_local(self.root):
+            path = path.removeprefix(self.root.strip("/") + "/")
+        return path
+
+    def missing(self, folder: str, files: Sequence[NewFile]) -> list[str]:
+        """Staged files not (or not wholly) in storage under ``folder``: checked before a
+        commit references them (one listing)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+        sizes = {self._relative(i.path): i.size for i in infos if i.type == pafs.FileType.File}
+        return [f.path for f in files if sizes.get(f.path) != f.size]
+
+    def delete_folder(self, folder: str) -> None:
+        """Delete every file under ``folder`` (one attempt's staged files); best-effort."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+            if not infos and self.fs.get_file_info(folder).type == pafs.FileType.NotFound:
+                return
+            self.delete([self._relative(i.path) for i in infos if i.type == pafs.FileType.File])
+            if is_local(self.root):
+                self.fs.delete_dir(folder)
+        except Exception as exc:  # a leftover folder is vacuum's to remove, never an error
+            log.warning("could not delete staged folder %s under %s: %s", folder, self.root, exc)
+
+    def probe(self, where: Where) -> None:
+        """Fail fast, naming the target, when the store cannot be listed (credentials, bucket,
+        endpoint): before any Spark job runs and before anything is written."""
+        try:
+            self.fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
+        except Exception as exc:
+            raise StorageError(
+                f"cannot reach the target's storage at {self.root}: {first_line(exc)}. Check the "
+                "sink's storage_options (endpoint, credentials, region) and that the bucket or "
+                "container exists.",
+                where,
+            ) from exc
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSystem:
+    if is_local(root):
+        return pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
+    from deltalake.fs import DeltaStorageHandler
+
+    return pafs.PyFileSystem(DeltaStorageHandler(root, dict(options)))
+
+
+DELETE_PROCESSES = 8
+"""Helper processes deleting a large batch of files from an object store at once."""
+_PER_PROCESS = 64  # fewer files than this per helper are not worth starting one
+
+# delta-rs's file system handler holds the GIL while it waits on the network, so threads do
+# not overlap its deletes; helper processes do. A helper is a plain interpreter (-P: nothing
+# from the working directory) that imports only delta-rs (never the user's main module, nor
+# Spark) and reads jobs as JSON lines on stdin, each {root, options, paths}, deleting each with
+# exactly the options and environment the commits use, and answering each with a JSON line:
+# the failures.
+_DELETER = """
+import json, sys
+import pyarrow.fs as pafs
+from deltalake.fs import DeltaStorageHandler
+stores = {}
+for line in sys.stdin:
+    job = json.loads(line)
+    key = json.dumps([job["root"], job["options"]], sort_keys=True)
+    if key not in stores:
+        stores[key] = pafs.PyFileSystem(DeltaStorageHandler(job["root"], job["options"]))
+    fs, failed = stores[key], []
+    for path in job["paths"]:
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            failed.append(path + ": " + (str(exc).splitlines() or [""])[0])
+    print(json.dumps(failed), flush=True)
+"""
+
+
+def _start_deleter() -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-P", "-c", _DELETER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+class _BackgroundDeleter:
+    """One long-lived helper process for the deletes ``Store.delete_later`` queues on object
+    stores (used from the one cleanup thread only): a process started once, not per epoch."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+
+    def delete(self, root: str, options: Mapping[str, str], paths: list[str]) -> list[str]:
+        import json
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = _start_deleter()
+        job = json.dumps({"root": root, "options": dict(options), "paths": paths})
+        try:
+            self.proc.stdin.write(job + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError) as exc:
+            self.proc = None
+            raise StorageError(f"the delete helper process stopped: {exc}") from exc
+        if not answer:
+            self.proc = None
+            raise StorageError("the delete helper process stopped before answering")
+        failed: list[str] = json.loads(answer)
+        return failed
+
+
+_background_deleter = _BackgroundDeleter()
+
+
+def _delete_remote(
+    root: str, options: Mapping[str, str], paths: list[str], *, background: bool = False
+) -> None:
+    """Delete ``paths`` from an object store. In the background: through the one long-lived
+    helper process (the GIL stays the epoch's). Else in this process below ``_PER_PROCESS``
+    files, or spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError``
+    naming the first failure, after trying every file."""
+    helpers = min(DELETE_PROCESSES, len(paths) // _PER_PROCESS)
+    if background:
+        failed = _background_deleter.delete(root, options, paths)
+    elif helpers < 2:
+        fs = _filesystem(root, tuple(sorted(options.items())))
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+        return
+    else:
+        import json
+
+        job = {"root": root, "options": dict(options)}
+        procs = [(_start_deleter(), json.dumps({**job, "paths": paths[i::helpers]})) for i in range(helpers)]
+        # Every helper at once, each with its share; closing stdin ends it after its answer.
+        with ThreadPoolExecutor(len(procs)) as pool:
+            answers = list(pool.map(lambda pj: pj[0].communicate(pj[1] + "\n"), procs))
+        failed = []
+        for (proc, _), (out, _err) in zip(procs, answers, strict=True):
+            if proc.returncode != 0 or not out:
+                failed.append(f"a delete helper exited with {proc.returncode}")
+                continue
+            failed.extend(json.loads(out))
+    if failed:
+        raise StorageError(f"{len(failed)} of {len(paths)} deletes under {root} failed, e.g. {failed[0]}")
+
+
+@functools.lru_cache(maxsize=1)
+def _cleanup_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="mvsink-cleanup")
+
+
+def wait_for_cleanup(timeout: float | None = None) -> None:
+    """Return once the deletes ``Store.delete_later`` queued so far are done (in order: one
+    background thread runs them)."""
+    _cleanup_pool().submit(lambda: None).result(timeout)
+
+
+@functools.lru_cache(maxsize=16)
+def _handler(root: str, options: tuple[tuple[str, str], ...]) -> Any:
+    """delta-rs's own file system handler for ``root`` (its raw output streams take bytes)."""
+    from deltalake._internal import DeltaFileSystemHandler
+
+    return DeltaFileSystemHandler(root, dict(options))
+
+
+def _by_name(names: Sequence[str], path: str) -> dict[str, str]:
+    """A file's columns by lower-cased name: Delta matches column names without regard to case
+    (a foreign writer may store ``amount`` for the table's ``Amount``)."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name.lower() in out:
+            raise InvariantViolation(f"data file {path} holds columns {out[name.lower()]!r} and {name!r}")
+        out[name.lower()] = name
+    return out
+
+
+def _by_field_id(schema: pa.Schema) -> dict[str, str]:
+    """A file's top-level columns by their Parquet field id, where it has them."""
+    out = {}
+    for f in schema:
+        found = field_id(f)
+        if found:
+            out[found] = f.name
+    return out
+
+
+def _cast(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == to else column.cast(to)
+
+
+def _view(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
+    """``column`` as the same layout with other field names (never ``cast``: a struct cast
+    matches fields by name and fills the others with nulls, silently)."""
+    if column.type == to and str(column.type) == str(to):
+        return column
+    return pa.chunked_array([chunk.view(to) for chunk in column.chunks], to)
+
+
+def _physical(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with the table's columns named as its files name them (column mapping)."""
+    if not is_mapped(schema):
+        return rows
+    fields, columns = [], []
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
+        field = schema.field(name) if name in schema.names else rows.schema.field(name)
+        held = physical_field(field)
+        fields.append(held)
+        columns.append(_view(_cast(column, field.type), held.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _escape(name: str) -> str:
+    return url_quote(name, safe="")
+
+
+def _escape_value(value: str | None) -> str:
+    return NULL_PARTITION if value is None else url_quote(value, safe="")
+
+
+def _partition_groups(
+    rows: pa.Table, partition_by: Sequence[str]
+) -> Iterable[tuple[dict[str, str | None], pa.Array | None]]:
+    """Each partition value of ``rows`` (as Delta strings) with the indices of its rows."""
+    if not partition_by:
+        yield {}, None
+        return
+    if rows.num_rows == 0:
+        return
+    keyed = rows.select(list(partition_by)).append_column("__i", pa.array(np.arange(rows.num_rows)))
+    groups = keyed.group_by(list(partition_by), use_threads=False).aggregate([("__i", "list")])
+    lists = groups.column("__i_list").combine_chunks()
+    offsets = lists.offsets.to_numpy()
+    members = lists.values
+    for g, key in enumerate(groups.select(list(partition_by)).to_pylist()):
+        values = {c: partition_string(key[c]) for c in partition_by}
+        for c, v in values.items():
+            if v == "":
+                raise InputError(
+                    f"an empty string in partition column {c}: Delta partitions store it as null, so "
+                    "the target could not equal desired; map it to null or another value"
+                )
+        yield values, members.slice(offsets[g], offsets[g + 1] - offsets[g])
+
+
+def partition_array(value: str | None, to: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of a partition value from the log, typed as ``to``."""
+    if value is None:
+        return pa.nulls(n, to)
+    typed: Any
+    if pa.types.is_timestamp(to):
+        stamp = dt.datetime.fromisoformat(value.strip())
+        if to.tz is not None:
+            stamp = stamp.replace(tzinfo=dt.UTC) if stamp.tzinfo is None else stamp.astimezone(dt.UTC)
+        elif stamp.tzinfo is not None:
+            stamp = stamp.astimezone(dt.UTC).replace(tzinfo=None)
+        typed = stamp
+    elif pa.types.is_date(to):
+        typed = dt.date.fromisoformat(value[:10])
+    elif pa.types.is_boolean(to):
+        typed = value.lower() == "true"
+    elif pa.types.is_integer(to):
+        typed = int(value)
+    elif pa.types.is_floating(to):
+        typed = float(value)
+    elif pa.types.is_decimal(to):
+        typed = decimal.Decimal(value)
+    elif pa.types.is_binary(to) or pa.types.is_large_binary(to):
+        typed = value.encode("utf-8", errors="surrogateescape")
+    else:
+        typed = value
+    one = pa.array([typed], to)
+    return one.take(pa.array(np.zeros(n, dtype=np.int64))) if n != 1 else one
