@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from mvsink import MVSink
 from mvsink.errors import StorageError, Where
 from mvsink.ops.verify import verify
-from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, with_fingerprints
+from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, correction, sketch_bits, with_fingerprints
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
 from mvsink.table.index import HIDDEN, StoredIndex
@@ -312,8 +312,9 @@ def test_index_entries_of_removed_files_go_off_the_epochs_path(spark, local_targ
 def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_target):
     """The persisted side's bucket summaries (numpy, in the index tasks) and desired's (Spark)
     agree wherever the rows do: after one row changes, exactly the buckets of its old and new
-    fingerprints differ, and none when nothing changed. Were the two evaluators to disagree,
-    every bucket would differ and the diff would quietly lose its filter."""
+    fingerprints differ, and none when nothing changed; the exact pass then reads only the
+    stored rows of those buckets. Were the two evaluators to disagree, or the filter not
+    apply, the diff would stay exact and quietly lose its point."""
     sink = MVSink(local_target, "sketch", placement="distributed", max_rows_per_file=20_000)
     extremes = F.when(F.col("id") % 3 == 0, F.lit(None)).otherwise(F.col("id") * -(2**40))
     rows = spark.range(50_000).select("id", extremes.alias("v"), F.col("id").cast("string").alias("s"))
@@ -322,16 +323,27 @@ def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_targ
     assert snap.schema_json is not None
     layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
     stored = StoredIndex.of(sink.store, "sketch", layout.arrow)
+    bits = sketch_bits(snap)
+    assert bits == SKETCH_BITS[0]  # 50K rows: the fewest buckets
 
     def buckets(frame: DataFrame) -> set[int]:
-        mask = changed_buckets(spark, with_fingerprints(frame, layout), snap, stored, layout)
+        mask = changed_buckets(spark, with_fingerprints(frame, layout), snap, stored, layout, bits)
         return {int(b) for b in np.flatnonzero(mask)}
 
     assert buckets(rows) == set()
     moved = rows.select("id", F.when(F.col("id") == 7, F.lit(5)).otherwise(F.col("v")).alias("v"), "s")
     before = pa.table({"id": [7], "v": [7 * -(2**40)], "s": ["7"]}, schema=layout.arrow)
     after = pa.table({"id": [7], "v": [5], "s": ["7"]}, schema=layout.arrow)
-    want = {
-        int(fingerprints(t)[0].view(np.uint64)[0] >> np.uint64(64 - SKETCH_BITS)) for t in (before, after)
-    }
+    shift = np.uint64(64 - bits)
+    want = {int(fingerprints(t)[0].view(np.uint64)[0] >> shift) for t in (before, after)}
     assert buckets(moved) == want
+
+    # The exact pass holds the stored rows of those buckets only.
+    stored_a = np.concatenate([stored.load(f, layout.arrow, ())[0].a for f in snap.files])
+    in_changed = np.isin(stored_a.view(np.uint64) >> shift, np.array(sorted(want), dtype=np.uint64))
+    corr = correction(spark, with_fingerprints(moved, layout), snap, stored, layout, 20_000)
+    try:
+        assert (corr.inserted, corr.retracted) == (1, 1)
+        assert [frame.count() for frame in corr.held] == [int(in_changed.sum()), 2]
+    finally:
+        corr.close()

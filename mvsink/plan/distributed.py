@@ -8,13 +8,13 @@ Nothing row-sized passes through the driver. For a complete-mode epoch:
 2. The persisted side is read by tasks from the stored index (``index.StoredIndex``): one
    ``(file_no, pos, fingerprint)`` row per stored row; a file without an entry is read and
    hashed by the task, which stores its entry.
-3. A sketch first settles most of the table: fingerprints are bucketed by the top
-   ``SKETCH_BITS`` of lane a, and each bucket is summarised, on each side, by its row count and
-   the exact sums of the 32-bit halves of both lanes (desired's by Spark, the persisted side's
-   by the index tasks in numpy, so no persisted row crosses into the JVM). A bucket whose
-   summaries agree holds the same fingerprints on both sides (two multisets that differ and
-   still agree need their 128 bits of fingerprints to sum alike: the fingerprint's own odds).
-   Only the changed buckets, collected as a list of at most ``2**SKETCH_BITS`` numbers, go on.
+3. A sketch first settles most of the table. Fingerprints are bucketed by the top bits of
+   lane a (``SKETCH_BITS``); each bucket is summarised, on each side, by its row count and the
+   exact sums of the 32-bit halves of both lanes (desired's by Spark, the persisted side's by
+   the index tasks in numpy, so no persisted row crosses into the JVM for it). A bucket whose
+   summaries agree holds the same fingerprints on both sides: two multisets that differ and
+   still agree need their 128 bits of fingerprints to sum alike, the fingerprint's own odds.
+   Only the changed buckets, collected as at most ``2**20`` numbers, go on.
 4. The diff is one aggregation of ``(fingerprint, +1 desired | +1 persisted)`` rows of the
    changed buckets: groups whose counts differ are the correction. Where desired holds ``d``
    copies of a fingerprint and persisted ``p``, ``d - p`` desired copies are inserted if
@@ -46,7 +46,7 @@ from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import InvariantViolation
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote, spark_lanes
-from mvsink.table.index import StoredIndex
+from mvsink.table.index import FileEntry, StoredIndex
 from mvsink.table.storage import Store
 from mvsink.table.write import Layout, TaskRewrites, file_frame, in_task, task_files
 
@@ -57,10 +57,14 @@ _P = "__mvsink_p"
 _RN = "__mvsink_rn"
 BROADCAST_GROUPS = 500_000
 """Up to this many changed fingerprint groups (32 bytes each) are broadcast to the joins."""
-SKETCH_BITS = 16
-"""Fingerprints are bucketed by this many top bits of lane a for the sketch (step 3): 65,536
-buckets, so a change of 0.1% of 5M rows leaves about 86% of the table settled by the sketch."""
-_SHIFT = 64 - SKETCH_BITS
+SKETCH_BITS = (16, 20)
+"""The sketch's buckets (step 3) are the top ``bits`` of lane a, ``bits`` in this range: one
+bucket per 256 stored rows (``sketch_bits``). A change of ``c`` fingerprints leaves about
+``exp(-c / buckets)`` of the table settled: 86% for 10K changes in 5M rows (65,536 buckets),
+74% for 40K in 20M (131,072)."""
+_SKETCH_ROWS = 1 << 22
+"""Index rows a sketch task adds up at once (about 200 MB of temporaries), so that many small
+files cost one pass, not one each."""
 _BUCKET = "__mvsink_bucket"
 _N = "__mvsink_n"
 _SUMS = ("__mvsink_a_lo", "__mvsink_a_hi", "__mvsink_b_lo", "__mvsink_b_hi")
@@ -78,19 +82,27 @@ def with_fingerprints(rows: DataFrame, layout: Layout, extra: Sequence[StructFie
     )
 
 
+def sketch_bits(snap: Snapshot) -> int:
+    """The sketch's bits for ``snap``: one bucket per 256 stored rows, within ``SKETCH_BITS``."""
+    rows = sum(f.num_records or 0 for f in snap.files)
+    low, high = SKETCH_BITS
+    return min(high, max(low, (max(1, rows) // 256).bit_length()))
+
+
 def persisted_rows(
     spark: Any, snap: Snapshot, index: StoredIndex, layout: Layout, buckets: np.ndarray | None = None
 ) -> DataFrame:
     """The persisted side: ``(file_no, pos, fingerprint)`` per stored row of ``snap``'s files,
     read from the stored index by tasks (file numbers index into ``snap.files``); with
-    ``buckets`` (a mask over the sketch's buckets) only the rows of the buckets it marks."""
+    ``buckets`` (a mask over the sketch's buckets, ``changed_buckets``) only the rows of the
+    buckets it marks."""
     return file_frame(spark, snap.files).mapInArrow(
         _IndexReader(index, layout.arrow, snap.partition_by, buckets), _PERSISTED
     )
 
 
-def _bucket(lane: Any) -> Any:
-    return F.shiftrightunsigned(lane, _SHIFT)
+def _bucket(lane: Any, bits: int) -> Any:
+    return F.shiftrightunsigned(lane, 64 - bits)
 
 
 def _sketch_terms(a: Any, b: Any) -> list[Any]:
@@ -101,35 +113,37 @@ def _sketch_terms(a: Any, b: Any) -> list[Any]:
 
 
 def changed_buckets(
-    spark: Any, desired: DataFrame, snap: Snapshot, index: StoredIndex, layout: Layout
+    spark: Any, desired: DataFrame, snap: Snapshot, index: StoredIndex, layout: Layout, bits: int
 ) -> np.ndarray:
-    """A mask over the sketch's buckets: those whose summaries differ between ``desired``
-    (``with_fingerprints``) and the stored index of ``snap``'s files (step 3)."""
+    """A mask over the sketch's ``2**bits`` buckets: those whose summaries differ between
+    ``desired`` (``with_fingerprints``) and the stored index of ``snap``'s files (step 3)."""
     a, b = F.col(FP_A), F.col(FP_B)
     mine = desired.select(
-        _bucket(a).alias(_BUCKET),
+        _bucket(a, bits).alias(_BUCKET),
         F.lit(1).cast("long").alias(_N),
         *[t.alias(n) for t, n in zip(_sketch_terms(a, b), _SUMS, strict=True)],
     )
     theirs = file_frame(spark, snap.files).mapInArrow(
-        _IndexSketch(index, layout.arrow, snap.partition_by), _SKETCH
+        _IndexSketch(index, layout.arrow, snap.partition_by, bits), _SKETCH
     )
     signed = mine.unionByName(theirs.select(_BUCKET, *[(-F.col(n)).alias(n) for n in (_N, *_SUMS)]))
     sums = signed.groupBy(_BUCKET).agg(*[F.sum(n).alias(n) for n in (_N, *_SUMS)])
     differs = sums.where(F.greatest(*[F.abs(F.col(n)) for n in (_N, *_SUMS)]) != 0).select(_BUCKET)
-    mask = np.zeros(1 << SKETCH_BITS, dtype=np.bool_)
+    mask = np.zeros(1 << bits, dtype=np.bool_)
     mask[to_arrow(differs).column(_BUCKET).to_numpy()] = True
     return mask
 
 
-def _buckets_of(a: I64) -> np.ndarray:
-    return (a.view(np.uint64) >> np.uint64(_SHIFT)).astype(np.intp)
+def _buckets_of(a: I64, bits: int) -> np.ndarray:
+    return (a.view(np.uint64) >> np.uint64(64 - bits)).astype(np.intp)
 
 
-def _halves(a: I64, b: I64) -> tuple[np.ndarray, ...]:
-    """``_sketch_terms`` in numpy."""
-    ua, ub, low = a.view(np.uint64), b.view(np.uint64), np.uint64(0xFFFFFFFF)
-    return ua & low, ua >> np.uint64(32), ub & low, ub >> np.uint64(32)
+def _halves(a: I64, b: I64) -> Iterator[np.ndarray]:
+    """``_sketch_terms`` in numpy, one at a time."""
+    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
+    for lane in (a.view(np.uint64), b.view(np.uint64)):
+        yield lane & low
+        yield lane >> high
 
 
 @dataclass(frozen=True)
@@ -140,25 +154,40 @@ class _IndexSketch:
     index: StoredIndex
     schema: pa.Schema
     partition_by: tuple[str, ...]
+    bits: int
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        size = 1 << SKETCH_BITS
+        size = 1 << self.bits
         totals = np.zeros((1 + len(_SUMS), size), dtype=np.int64)
+        pending: list[FileEntry] = []
         for _, file in task_files(batches):
             with in_task(f"indexing {file.path}"):
-                entry, _ = self.index.load(file, self.schema, self.partition_by)
-            at = _buckets_of(entry.a)
-            totals[0] += np.bincount(at, minlength=size)
-            for i, half in enumerate(_halves(entry.a, entry.b)):
-                # bincount adds in float64: exact for 16-bit terms (up to 2**37 rows a task).
-                low = np.bincount(at, weights=half & np.uint64(0xFFFF), minlength=size)
-                high = np.bincount(at, weights=half >> np.uint64(16), minlength=size)
-                totals[1 + i] += low.astype(np.int64) + (high.astype(np.int64) << 16)
+                pending.append(self.index.load(file, self.schema, self.partition_by)[0])
+            if sum(len(e) for e in pending) >= _SKETCH_ROWS:
+                self._add(totals, pending)
+                pending = []
+        self._add(totals, pending)
         present = np.flatnonzero(totals[0])
         yield pa.RecordBatch.from_arrays(
             [pa.array(present.astype(np.int64)), *[pa.array(t[present]) for t in totals]],
             schema=_SKETCH_ARROW,
         )
+
+    def _add(self, totals: np.ndarray, entries: list[FileEntry]) -> None:
+        """Add ``entries``' rows to ``totals`` (count, then the four sums, per bucket)."""
+        if not entries:
+            return
+        a = np.concatenate([e.a for e in entries])
+        b = np.concatenate([e.b for e in entries])
+        at = _buckets_of(a, self.bits)
+        size = totals.shape[1]
+        totals[0] += np.bincount(at, minlength=size)
+        sixteen, mask = np.uint64(16), np.uint64(0xFFFF)
+        for i, half in enumerate(_halves(a, b)):
+            # bincount adds in float64: exact for 16-bit terms (up to 2**37 rows at once).
+            low = np.bincount(at, weights=half & mask, minlength=size).astype(np.int64)
+            high = np.bincount(at, weights=half >> sixteen, minlength=size).astype(np.int64)
+            totals[1 + i] += low + (high << 16)
 
 
 def stored_rows(spark: Any, snap: Snapshot, store: Store, layout: Layout) -> DataFrame:
@@ -233,7 +262,8 @@ class _IndexReader:
             if self.buckets is None:
                 pos = np.arange(len(entry), dtype=np.int64)
             else:
-                pos = np.flatnonzero(self.buckets[_buckets_of(entry.a)])
+                bits = len(self.buckets).bit_length() - 1  # the mask has 2**bits entries
+                pos = np.flatnonzero(self.buckets[_buckets_of(entry.a, bits)])
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array(np.full(len(pos), row[FILE_NO], dtype=np.int64)),
@@ -273,11 +303,32 @@ def correction(
 ) -> SparkCorrection:
     """The correction of ``desired`` (``with_fingerprints``) against the stored index of
     ``snap``'s files. Two Spark jobs (the sketch, then the counts) settle it; the rest is lazy."""
-    buckets = changed_buckets(spark, desired, snap, index, layout)
+    bits = sketch_bits(snap)
+    buckets = changed_buckets(spark, desired, snap, index, layout, bits)
     if not buckets.any():
         nothing = file_frame(spark, []).select(FILE_NO)
         return SparkCorrection(desired.limit(0), TaskRewrites(nothing, snap.files, 0), 0, 0, [])
     held: list[DataFrame] = []
+    try:
+        return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, bits, held)
+    except BaseException:
+        for frame in held:
+            frame.unpersist()
+        raise
+
+
+def _exact(
+    spark: Any,
+    desired: DataFrame,
+    snap: Snapshot,
+    index: StoredIndex,
+    layout: Layout,
+    max_rows_per_file: int,
+    buckets: np.ndarray,
+    bits: int,
+    held: list[DataFrame],
+) -> SparkCorrection:
+    """Step 4 over the rows of the changed ``buckets``; what it caches goes into ``held``."""
     if buckets.mean() > 0.5:  # a filter that keeps most rows costs more than it saves
         persisted = persisted_rows(spark, snap, index, layout)
     else:
@@ -286,7 +337,7 @@ def correction(
         held.append(persisted)
         numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
         keep = F.broadcast(from_arrow(spark, numbers, f"{_BUCKET} long"))
-        desired = desired.join(keep, _bucket(F.col(FP_A)) == keep[_BUCKET], "left_semi")
+        desired = desired.join(keep, _bucket(F.col(FP_A), bits) == keep[_BUCKET], "left_semi")
     fp = [FP_A, FP_B]
     one, zero = F.lit(1).cast("long"), F.lit(0).cast("long")
     counted = (
@@ -298,15 +349,10 @@ def correction(
     )
     groups = counted.persist(StorageLevel.MEMORY_AND_DISK)
     held.append(groups)
-    try:
-        totals = groups.agg(
-            F.sum(F.greatest(F.col(_D) - F.col(_P), F.lit(0))).alias("inserted"),
-            F.sum(F.greatest(F.col(_P) - F.col(_D), F.lit(0))).alias("retracted"),
-        ).first()
-    except BaseException:
-        for frame in held:
-            frame.unpersist()
-        raise
+    totals = groups.agg(
+        F.sum(F.greatest(F.col(_D) - F.col(_P), F.lit(0))).alias("inserted"),
+        F.sum(F.greatest(F.col(_P) - F.col(_D), F.lit(0))).alias("retracted"),
+    ).first()
     assert totals is not None
     inserted, retracted = int(totals["inserted"] or 0), int(totals["retracted"] or 0)
 
