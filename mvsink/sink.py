@@ -319,7 +319,7 @@ class MVSink:
 
 
 class _Epoch:
-    """One call of the sink: the retry loop around mint, write and append."""
+    """One call of the sink: the retry loop around decide, plan, stage and commit."""
 
     def __init__(self, sink: MVSink, desired: DataFrame, epoch: int) -> None:
         self.sink = sink
@@ -385,9 +385,8 @@ class _Epoch:
                 read_only=self.sink.read_only,
                 batch_start=lambda: batch_start(ctx.batch, self.epoch, opts, self.where),
                 where=self.where,
+                on_clock=self._watch_stall,
             )
-            if decision.clock is not None:
-                self._watch_stall(decision.clock)
             if isinstance(decision, Skip):
                 plan = self.mode.plan(snap, layout) if decision.plans else None
                 ctx.drain()

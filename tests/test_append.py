@@ -48,7 +48,7 @@ def test_a_gap_in_epochs_is_refused_unless_allowed(spark, target, caplog):
         sink(spark.createDataFrame([(2, "b")], SCHEMA), 3)
     assert info.value.epoch == 3 and versions(target) == before
     lenient = MVSink(target, "gap", mode="append", allow_gaps=True)
-    with caplog.at_level("WARNING", logger="mvsink.sink"):
+    with caplog.at_level("WARNING", logger="mvsink"):
         lenient(spark.createDataFrame([(2, "b")], SCHEMA), 3)
     assert "epochs 1..2 were never committed" in caplog.text
     assert frontier(target, "gap") == 4

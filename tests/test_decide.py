@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from mvsink import LineageError, MVSink, promote
 from mvsink.config import SinkOptions
 from mvsink.epoch.clock import Time
-from mvsink.epoch.decide import Commit, Decision, Skip, decide
+from mvsink.epoch.decide import Clocked, Commit, Decision, Skip, decide
 from mvsink.errors import Where
 from mvsink.table.delta import Snapshot, load_snapshot
 
@@ -32,6 +32,7 @@ def ask(
     time: dict[str, int] | None = None,
     read_only: bool = False,
     start: dict[str, int] | None = None,
+    heard: list[Clocked] | None = None,
     **options: Any,
 ) -> Decision:
     opts = SinkOptions.build(target=target, name="v", **options)
@@ -44,6 +45,7 @@ def ask(
         read_only=read_only,
         batch_start=lambda: None if start is None else Time.of(start),
         where=Where("v", target, epoch),
+        on_clock=None if heard is None else heard.append,
     )
 
 
@@ -66,13 +68,17 @@ def test_an_epoch_the_lineage_already_committed_is_a_replay(spark, local_target)
 
 def test_under_a_shared_clock_a_time_not_ahead_is_a_replay(spark, local_target):
     MVSink(local_target, "v", clock=lambda batch, epoch: {"src": 10})(rows(spark), 0)
+    heard: list[Clocked] = []
     for behind in ({"src": 9}, {"src": 10}):
-        decision = ask(local_target, 7, time=behind)
-        assert isinstance(decision, Skip) and decision.reason == "replay"
-        assert decision.clock is not None and decision.clock.committed == {"src": 10}
-    ahead = ask(local_target, 1, time={"src": 11})
+        assert ask(local_target, 7, time=behind, heard=heard) == Skip("replay")
+    ahead = ask(local_target, 1, time={"src": 11}, heard=heard)
     assert isinstance(ahead, Commit) and ahead.desc.clocked
-    assert ahead.clock is not None and ahead.clock.verdict == "ahead"
+    # The stall watch hears every verdict, and the committed time it was against.
+    assert [(c.verdict, c.committed) for c in heard] == [
+        ("behind", {"src": 10}),
+        ("same", {"src": 10}),
+        ("ahead", {"src": 10}),
+    ]
 
 
 def test_a_superseded_lineage_is_fenced(spark, local_target):
@@ -87,6 +93,8 @@ def test_a_writer_other_than_the_promoted_one_is_fenced(spark, local_target):
     promote(local_target, "v", "b")
     assert ask(local_target, 1, writer="a") == Skip("fenced")
     assert isinstance(ask(local_target, 1, writer="b"), Commit)
+    # A standby started read-only writes once the target names it the active writer.
+    assert isinstance(ask(local_target, 1, writer="b", read_only=True), Commit)
 
 
 def test_a_read_only_sink_skips_but_plans(spark, local_target):
@@ -110,6 +118,11 @@ def test_between_refreshes_nothing_is_written_and_a_due_refresh_always_commits(s
     assert ask(local_target, 3, refresh_every=5) == Skip("between_refreshes")
     due = ask(local_target, 5, refresh_every=5)
     assert isinstance(due, Commit) and due.always
+    # What must land is never held back for a refresh: a takeover, or creating the table.
+    taken = ask(local_target, 1, lineage="other", refresh_every=5)
+    assert isinstance(taken, Commit) and taken.desc.takeover and taken.always
+    created = ask(local_target + "-new", 1, refresh_every=5)
+    assert isinstance(created, Commit) and created.always
 
 
 def test_with_no_heartbeat_due_an_empty_correction_commits_nothing(spark, local_target):
@@ -129,6 +142,9 @@ def test_upsert_and_append_always_commit_and_refuse_a_gap(spark, local_target):
         ask(local_target, 3, mode="upsert", key=["id"])
     allowed = ask(local_target, 3, mode="upsert", key=["id"], allow_gaps=True)
     assert isinstance(allowed, Commit) and allowed.desc.upper == 4
+    # A new lineage taking an upsert view over past its first epoch misses its earlier rows.
+    with pytest.raises(LineageError, match="takes the view over at its epoch 2, not its first"):
+        ask(local_target, 2, mode="upsert", key=["id"], lineage="other", on_new_lineage="adopt")
 
 
 def test_under_a_shared_clock_a_batch_starting_past_the_committed_time_is_a_gap(spark, local_target):

@@ -58,7 +58,6 @@ class Skip:
     """Write nothing this attempt, for ``reason``."""
 
     reason: Reason
-    clock: Clocked | None = None
 
     @property
     def plans(self) -> bool:
@@ -79,8 +78,8 @@ class Commit:
       check takes a missing one for a lost epoch;
     - creating the table;
     - taking the view over, or recording the lineage for the first time;
-    - a refresh or a heartbeat is due."""
-    clock: Clocked | None = None
+    - a refresh or a heartbeat is due (a time-based heartbeat is checked here, before the
+      correction is planned, not after: at worst one epoch later than it could have been)."""
 
 
 Decision = Commit | Skip
@@ -96,12 +95,15 @@ def decide(
     read_only: bool,
     batch_start: Callable[[], Time | None],
     where: Where,
+    on_clock: Callable[[Clocked], None] | None = None,
 ) -> Decision:
     """What this attempt of ``epoch`` does against ``snap`` (see the module doc). ``lineage``
     is the epoch's lineage; ``time`` its time under a shared clock (None: no clock);
     ``batch_start`` gives the time the batch starts at, asked only by the gap check under a
-    shared clock. Raises ``LineageError`` for a gap (6), or for a new lineage that may not
-    take the view over (``mint``)."""
+    shared clock. Under a shared clock, ``on_clock`` hears where the epoch's time stands
+    (the stall watch, ``clock.Stall``) before any reason but a fenced writer is decided.
+    Raises ``LineageError`` for a gap (6), or for a new lineage that may not take the view
+    over (``mint``)."""
     held = Lineage.read(snap, opts.app_id, lineage)
     writers = Writers.read(snap, opts.app_id, opts.writer)
     clock = None
@@ -128,6 +130,8 @@ def decide(
             opts.writer,
         )
         return Skip("fenced")
+    if clock is not None and on_clock is not None:
+        on_clock(clock)
     if not isinstance(desc, BatchDescription):
         if desc == "fenced":
             log.warning(
@@ -137,15 +141,15 @@ def decide(
                 where,
                 lineage,
             )
-        return Skip(desc, clock)
+        return Skip(desc)
     always = _always(snap, desc, held, opts)
     if not always and opts.refresh is not None:
         if not _due(opts.refresh, snap, desc, held, opts):
-            return Skip("between_refreshes", clock)
+            return Skip("between_refreshes")
         always = True  # a refresh commits even when nothing changed: the next one counts from it
     _check_gap(desc, epoch, opts, clock, batch_start, where)
     always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
-    return Commit(desc, held, writers, always, clock)
+    return Commit(desc, held, writers, always)
 
 
 def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions) -> bool:
