@@ -13,6 +13,7 @@ from mvsink.errors import (
     MVSinkError,
     RetriesExhaustedError,
     SchemaMismatchError,
+    SparkJobError,
     StorageError,
     UnsupportedTableError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaMismatchError",
     "SinkOptions",
+    "SparkJobError",
     "Status",
     "StorageError",
     "UnsupportedTableError",

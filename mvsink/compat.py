@@ -14,6 +14,7 @@ what is here instead of an API one line lacks.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +47,35 @@ def is_dataframe(obj: Any) -> bool:
     from pyspark.sql import DataFrame
 
     return isinstance(obj, DataFrame) or (is_connect(obj) and type(obj).__name__ == "DataFrame")
+
+
+def is_spark_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's: a failed job, analysis or Python worker error, classic
+    (PySpark's errors, py4j's Java errors) or Connect."""
+    from pyspark.errors import PySparkException
+
+    if isinstance(exc, PySparkException):
+        return True
+    return type(exc).__name__ == "Py4JJavaError"  # classic only; py4j may be absent on Connect
+
+
+def spark_reason(exc: BaseException, limit: int = 500) -> str:
+    """The line of a Spark error that says what went wrong: the error a Python worker raised
+    (from its traceback), else a JVM error's root cause, else the first line that is not
+    py4j's preamble."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in lines:
+        python = lines[lines.index("Traceback (most recent call last):") + 1 :]
+        raised = [line for line in python if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)]
+        if raised:
+            return raised[0][:limit]
+    causes = [line.removeprefix("Caused by:").strip() for line in lines if line.startswith("Caused by:")]
+    if causes:  # a JVM error's root cause says more than its wrappers
+        return causes[-1][:limit]
+    for line in lines:
+        if not line.startswith(("An error occurred while calling", "JVM stacktrace")):
+            return line.lstrip(": ")[:limit]
+    return type(exc).__name__
 
 
 def to_arrow(df: Any) -> pa.Table:

@@ -7,7 +7,11 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     ├── InputError (also ValueError)         the micro-batch cannot be stored as given
     │   ├── SchemaMismatchError              desired's columns differ from the target's
     │   └── DuplicateKeyError                upsert mode: one key twice in a batch
-    ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses
+    ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses,
+    │                                        or is not a Delta table at all
+    ├── StorageError                         the target's storage refused or cannot be reached
+    ├── SparkJobError                        a Spark job of the epoch failed (a UDF that raised,
+    │                                        a cancelled job): nothing was committed
     ├── ConflictError                        retryable: another commit landed first
     │   └── RetriesExhaustedError            ...and kept landing until the retry budget ran out
     ├── CommitOutcomeUnknownError            the commit call failed and the log could not say
@@ -97,6 +101,13 @@ class UnsupportedTableError(MVSinkError):
 
 class StorageError(MVSinkError):
     """The target's storage cannot be reached: endpoint, credentials, bucket or container."""
+
+
+class SparkJobError(MVSinkError):
+    """A Spark job of the epoch failed: computing desired (a UDF that raised on some rows), a
+    job cancelled, executors lost. Every such job runs before the commit call, so nothing was
+    committed; the attempt's staged files are unreferenced (vacuum removes them). Spark runs
+    the batch again when the query restarts."""
 
 
 class ConflictError(MVSinkError):

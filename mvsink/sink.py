@@ -51,7 +51,8 @@ from typing import Any, Protocol
 
 from pyspark.sql import DataFrame
 
-from mvsink.compat import is_dataframe
+from mvsink import failpoints
+from mvsink.compat import is_dataframe, is_spark_error, spark_reason
 from mvsink.config import SinkOptions
 from mvsink.epoch.cadence import at_key, now_ms
 from mvsink.epoch.clock import Stall, batch_start, epoch_time
@@ -66,7 +67,9 @@ from mvsink.errors import (
     ConflictError,
     InputError,
     InvariantViolation,
+    MVSinkError,
     RetriesExhaustedError,
+    SparkJobError,
     UnsupportedTableError,
     Where,
 )
@@ -352,6 +355,15 @@ class _Epoch:
         )
         try:
             return self._attempts()
+        except MVSinkError:
+            raise
+        except Exception as exc:
+            if is_spark_error(exc):
+                raise SparkJobError(
+                    f"a Spark job of this epoch failed, so nothing was committed: {spark_reason(exc)}",
+                    self.where,
+                ) from exc
+            raise
         finally:
             self.mode.close()
 
@@ -367,6 +379,7 @@ class _Epoch:
                     engine=opts.engine,
                     spark=self.ctx.batch.sparkSession,
                 )
+            failpoints.hit("after_snapshot")
             if not snap.exists and self.sink._named:
                 raise ConfigError(
                     f"the table {self.sink._named} was at {opts.target} when this sink looked it up, "
@@ -374,6 +387,8 @@ class _Epoch:
                     "look the name up again",
                     self.where,
                 )
+            if not snap.exists and not self._only_ours_in_root():
+                continue  # a table appeared since the snapshot: plan against it
             self._check_append_only(snap)
             layout = self._layout(snap)
             decision = decide(
@@ -408,6 +423,7 @@ class _Epoch:
                 )
                 if is_dataframe(plan.inserts):
                     ctx.batch_ran = True  # Spark tasks wrote the whole batch
+            failpoints.hit("after_staging")
             if not (staged.adds or staged.removes or decision.always):
                 # Nothing to change and no heartbeat due: no version (decide.py).
                 self._discard(staged, plan)
@@ -417,6 +433,7 @@ class _Epoch:
                 ctx.drain()
                 if self.sink._before_commit is not None:
                     self.sink._before_commit(snap)
+                failpoints.hit("before_commit")
                 self._check_staged(staged)
             except BaseException:
                 self._discard(staged, plan)  # not committed: nothing can reference them (I4)
@@ -456,6 +473,7 @@ class _Epoch:
             except CommitOutcomeUnknownError:
                 # The commit may have landed: its files may be referenced. Keep them (I4).
                 raise
+            failpoints.hit("after_commit")
             self.mode.committed(staged)
             return self._report("committed", desc.lower, desc.upper, version, attempt, staged=staged)
         raise RetriesExhaustedError(
@@ -498,6 +516,24 @@ class _Epoch:
             "at_ms": int(time.time() * 1000),
         }
         stall.leave_note(store, self.opts.name, who, fields, self.where)
+
+    def _only_ours_in_root(self) -> bool:
+        """A target that is not yet a Delta table must hold nothing but what mvsink leaves
+        there: the sink would make a table beside someone's files (a Parquet dataset, say),
+        which readers of the folder would then no longer see. False if, instead, another
+        writer made the folder a Delta table since the snapshot (its files came with a log)."""
+        store = self.ctx.store
+        found = store.foreign()
+        if not found:
+            return True
+        if any(p.endswith(".json") for p in store.files("_delta_log")):
+            return False
+        raise UnsupportedTableError(
+            f"the target holds files but no Delta log (e.g. {found[0]!r}): it is not a Delta "
+            "table. Nothing was written. Point the sink at an empty folder, or make the folder "
+            "a Delta table first (CONVERT TO DELTA).",
+            self.where,
+        )
 
     def _check_append_only(self, snap: Snapshot) -> None:
         """An append-only table (``delta.appendOnly``) takes no removes: complete and upsert

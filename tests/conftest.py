@@ -32,7 +32,7 @@ import mvsink.table.delta
 from mvsink.cli.session import DEFAULTS, local_session
 from mvsink.compat import SPARK_LINE
 from tests.delta_session import DELTA_LINE, delta_conf
-from tests.s3server import BUCKET, free_port, moto_server, stop, wait_for_port
+from tests.s3server import BUCKET, FaultyS3, fault_proxy, free_port, moto_server, stop, wait_for_port
 
 _HERE = Path(__file__).resolve().parent
 MAX_RESULT_SIZE = "8m"
@@ -178,6 +178,23 @@ def s3_options(_s3_explicit: dict[str, str]) -> dict[str, str]:
 def s3_target(_s3_explicit: dict[str, str]) -> str:
     """A table location on the server ``s3_options`` reach."""
     return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+
+
+@pytest.fixture(scope="session")
+def _fault_proxy(
+    _s3_explicit: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FaultyS3]:
+    with fault_proxy(_s3_explicit, tmp_path_factory.mktemp("faults") / "proxy.log") as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def faults(_fault_proxy: FaultyS3) -> Iterator[FaultyS3]:
+    """The S3 server of ``s3_options`` behind the fault proxy (``tests/chaos/proxy.py``): the
+    test sets the rules; none are left for the next test."""
+    _fault_proxy.set({})
+    yield _fault_proxy
+    _fault_proxy.set({})
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -7,14 +7,17 @@ in the same interpreter could never answer it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 BUCKET = "mvsink-tests"
 
@@ -80,5 +83,51 @@ def moto_server(log: Path) -> Iterator[dict[str, str]]:
             region_name="us-east-1",
         ).create_bucket(Bucket=BUCKET)
         yield options
+    finally:
+        stop(proc)
+
+
+class FaultyS3:
+    """A running fault proxy (``tests/chaos/proxy.py``): the storage options that reach the
+    S3 server through it, and its controls."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.control = options["AWS_ENDPOINT_URL"] + "/__faults__"
+
+    def set(self, rules: dict[str, dict[str, float]], seed: int = 0) -> None:
+        """Replace the rules (and restart the counts' generator at ``seed``)."""
+        self._call("POST", json.dumps({"seed": seed, "rules": rules}).encode())
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Requests seen so far, by kind and fate (``forward`` or the fault)."""
+        return dict(self._call("GET", None))
+
+    def injected(self, kind: str, fate: str) -> int:
+        return self.counts().get(kind, {}).get(fate, 0)
+
+    def _call(self, method: str, body: bytes | None) -> Any:
+        request = urllib.request.Request(self.control, data=body, method=method)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: dict[str, str], log: Path) -> Iterator[FaultyS3]:
+    """Start the fault proxy in front of the S3 server ``upstream`` reaches."""
+    port = free_port()
+    root = Path(__file__).resolve().parent.parent
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.proxy", upstream["AWS_ENDPOINT_URL"], str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=root,
+        )
+    try:
+        wait_for_port(proc, port, "fault proxy", log)
+        yield FaultyS3({**upstream, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
     finally:
         stop(proc)

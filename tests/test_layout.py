@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mvsink"
 
 LAYERS: list[set[str]] = [
-    {"errors", "report", "compat", "_version"},
+    {"errors", "report", "compat", "_version", "failpoints"},
     {"table"},
     {"epoch"},
     {"config"},

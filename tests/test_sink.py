@@ -224,6 +224,7 @@ def test_public_api_is_pinned():
         "RetryPolicy",
         "SchemaMismatchError",
         "SinkOptions",
+        "SparkJobError",
         "StorageError",
         "UnsupportedTableError",
         "__version__",

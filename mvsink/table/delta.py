@@ -32,6 +32,7 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
+from mvsink import failpoints
 from mvsink.errors import (
     CommitOutcomeUnknownError,
     ConfigError,
@@ -712,6 +713,7 @@ def compare_and_append(
                 commit_properties=props,
                 post_commithook_properties=_NO_HOOKS,
             )
+        failpoints.hit("after_commit_call")
         if _after_call is not None:
             _after_call()
     except Exception as exc:

@@ -198,6 +198,14 @@ class Store:
         infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
         return [self._relative(i.path) for i in infos if i.type == pafs.FileType.File]
 
+    def foreign(self) -> list[str]:
+        """What the root holds that neither Delta nor mvsink put there: entries whose names do
+        not start with ``_`` or ``.`` (the log, mvsink's folder, hidden files) or ``mvsink-``
+        (the staging folders of attempts that never committed). One listing of the root."""
+        infos = self.fs.get_file_info(pafs.FileSelector("", recursive=False, allow_not_found=True))
+        names = [self._relative(i.path).rstrip("/").rpartition("/")[2] for i in infos]
+        return sorted(n for n in names if n and not n.startswith(("_", ".", "mvsink-")))
+
     def listing(self, folder: str) -> dict[str, tuple[int, float]]:
         """``files(folder)`` with each file's size and modification time (seconds since 1970)."""
         infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))

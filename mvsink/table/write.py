@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from mvsink import failpoints
 from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where, first_line
 from mvsink.table.delta import DataFile, NewFile
@@ -300,6 +301,12 @@ def stage(
         if str(exc.where):
             raise
         raise InputError(exc.message, where) from None
+    except OSError as exc:  # the store refused a write: read-only, full, unreachable
+        _discard(store, folder, plan.index, written)
+        raise StorageError(
+            f"cannot write this attempt's files under {folder}: {first_line(exc)}. Nothing was committed.",
+            where,
+        ) from exc
     except BaseException:
         _discard(store, folder, plan.index, written)
         raise
@@ -642,6 +649,7 @@ class _TaskWriter:
 
     def _flush(self, buffer: list[pa.RecordBatch]) -> pa.RecordBatch:
         with in_task(f"writing under {self.folder}"):
+            failpoints.hit("write_task")
             rows = pa.Table.from_batches(buffer)
             fps = None
             if self.carried:
@@ -720,6 +728,7 @@ class _TaskRewriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for row, file in task_files(batches):
             with in_task(f"rewriting {file.path}"):
+                failpoints.hit("rewrite_task")
                 # The kept rows' fingerprints: the file's stored entry (the diff read it), so
                 # only a file without one is hashed again.
                 entry = self.index.get(file) if self.index is not None else None

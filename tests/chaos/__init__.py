@@ -1,0 +1,1 @@
+"""Faults for tests: an S3 endpoint that injects them (``proxy``), and the chaos suite."""
