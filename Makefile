@@ -9,7 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mvsink-installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test chaos lint bench clean
 
 # Spark needs Java 17+: say so in one line, before anything is installed.
 ifneq ($(filter demo test bench,$(MAKECMDGOALS)),)
@@ -56,6 +56,11 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
 	$(SPARK35_VENV)/bin/python -m pytest -q
 	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
+
+# A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs, CHAOS_SEED to replay one.
+chaos: $(STAMP)
+	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+		$(BIN)/python -m pytest -q -s tests/chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check mvsink tests bench
