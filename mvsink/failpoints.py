@@ -6,11 +6,13 @@ point is armed, and costs one check of an empty dict when none is. Points are ar
 * for a process (and the Spark workers it starts), by the environment variable
   ``MVSINK_FAILPOINTS``, read when this module is first imported:
   ``"after_commit=raise;write_task=kill@0.2;before_commit=sleep:5"``;
-* inside a test, with ``armed({"after_commit": "raise"})``.
+* inside a test, with ``armed({"after_commit": "raise"})`` (in this process only: Spark's
+  Python workers see the environment they started with, so task points need the variable).
 
 An action is ``raise`` (an ``InjectedFault``, as an unexpected error there would), ``sleep:S``
 (seconds), or ``kill`` (SIGKILL of this process, as a crash or an OOM kill would). ``@p`` fires it
-with probability ``p``, drawn from a generator seeded by ``MVSINK_FAILPOINTS_SEED`` (default 0).
+with probability ``p``, drawn from a generator seeded by ``MVSINK_FAILPOINTS_SEED`` (default 0)
+and the process id.
 
 The points (``POINTS``) and what failing there proves:
 
@@ -72,7 +74,8 @@ def _check(action: str, name: str) -> None:
 
 
 _armed: dict[str, str] = parse(os.environ.get(ENV, ""))
-_random = random.Random(int(os.environ.get(f"{ENV}_SEED", "0")))
+# Each process (a Spark worker is one) draws its own sequence from the seed.
+_random = random.Random(int(os.environ.get(f"{ENV}_SEED", "0")) * 1_000_003 + os.getpid())
 
 
 def hit(name: str) -> None:

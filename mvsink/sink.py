@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -97,6 +98,7 @@ from mvsink.table.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
 metrics = logging.getLogger("mvsink.metrics")
+_COMMIT = re.compile(r"_delta_log/\d{20}\.json")
 """One JSON object per epoch (``EpochReport.to_json``): route it to a metrics pipeline."""
 
 
@@ -526,7 +528,7 @@ class _Epoch:
         found = store.foreign()
         if not found:
             return True
-        if any(p.endswith(".json") for p in store.files("_delta_log")):
+        if any(_COMMIT.fullmatch(p) for p in store.files("_delta_log")):
             return False
         raise UnsupportedTableError(
             f"the target holds files but no Delta log (e.g. {found[0]!r}): it is not a Delta "

@@ -11,6 +11,8 @@ read back from storage and checked:
    ``mvsink-<view>-e<epoch>-*``): no staged file of another attempt is referenced.
 4. Within a lineage, the frontier strictly increases: it never moves back or repeats.
 5. No epoch of a lineage is committed twice.
+6. The log's versions run 0..N without a gap, and a version that changes no data (every
+   action ``dataChange = false``: a compaction) holds exactly what the version before held.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def check_history(
     frontier: dict[str, int] = {}
     epochs: set[tuple[str, str]] = set()
     referenced: set[str] = set()
+    numbers = [int(p.rsplit("/", 1)[-1].split(".")[0]) for p in log]
+    if numbers != list(range(len(numbers))):
+        found.violations.append(f"the log's versions are not 0..{len(numbers) - 1}: {numbers}")
     for path in log:
         version = int(path.rsplit("/", 1)[-1].split(".")[0])
         raw = store.get(path)
@@ -62,6 +67,16 @@ def check_history(
         info = {**(info.get("tags") or {}), **info}
         adds = [a["add"]["path"] for a in actions if "add" in a]
         referenced.update(adds)
+        changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+        if version and changes and not any(c.get("dataChange", True) for c in changes):
+            before, after = (
+                multiset(DeltaTable(target, version=v, storage_options=options).to_pyarrow_table(), columns)
+                for v in (version - 1, version)
+            )
+            if before != after:
+                found.violations.append(
+                    f"v{version}: changes no data (dataChange = false) but its rows differ"
+                )
         upper = info.get("mvsink.upper")
         if info.get("mvsink.view") != view or not upper:
             continue  # a rogue writer, a compaction, a promotion

@@ -24,7 +24,7 @@ and a rule per kind decides its fate, in request order from one seeded generator
 Rules are set and the counts read over HTTP on the proxy itself, at ``/__faults__``:
 ``POST`` a JSON ``{"seed": n, "rules": {kind: {"error": p, ..., "delay_s": s, "first": n}}}``
 (``p`` a probability; ``first``: at most n requests of that kind are hit, then the kind is
-forwarded again), ``GET`` the counts ``{kind: {fate: n}}``.
+forwarded again; the counts restart), ``GET`` the counts ``{kind: {fate: n}}`` since.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Faults:
         with self.lock:
             self.random = random.Random(int(config.get("seed", 0)))
             self.rules = {k: dict(v) for k, v in config.get("rules", {}).items()}
+            self.counts = {}  # new rules, new counts: a test sees only its own
 
     def fate(self, kind: str) -> tuple[str, float]:
         """What happens to the next request of ``kind``, and the delay if any."""
