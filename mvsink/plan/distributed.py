@@ -138,6 +138,11 @@ def _buckets_of(a: I64, bits: int) -> np.ndarray:
     return (a.view(np.uint64) >> np.uint64(64 - bits)).astype(np.intp)
 
 
+def _bits_of(mask: np.ndarray) -> int:
+    """The sketch's bits, from a mask over its ``2**bits`` buckets."""
+    return len(mask).bit_length() - 1
+
+
 def _halves(a: I64, b: I64) -> Iterator[np.ndarray]:
     """``_sketch_terms`` in numpy, one at a time."""
     low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
@@ -262,8 +267,7 @@ class _IndexReader:
             if self.buckets is None:
                 pos = np.arange(len(entry), dtype=np.int64)
             else:
-                bits = len(self.buckets).bit_length() - 1  # the mask has 2**bits entries
-                pos = np.flatnonzero(self.buckets[_buckets_of(entry.a, bits)])
+                pos = np.flatnonzero(self.buckets[_buckets_of(entry.a, _bits_of(self.buckets))])
             yield pa.RecordBatch.from_arrays(
                 [
                     pa.array(np.full(len(pos), row[FILE_NO], dtype=np.int64)),
@@ -303,14 +307,13 @@ def correction(
 ) -> SparkCorrection:
     """The correction of ``desired`` (``with_fingerprints``) against the stored index of
     ``snap``'s files. Two Spark jobs (the sketch, then the counts) settle it; the rest is lazy."""
-    bits = sketch_bits(snap)
-    buckets = changed_buckets(spark, desired, snap, index, layout, bits)
+    buckets = changed_buckets(spark, desired, snap, index, layout, sketch_bits(snap))
     if not buckets.any():
         nothing = file_frame(spark, []).select(FILE_NO)
         return SparkCorrection(desired.limit(0), TaskRewrites(nothing, snap.files, 0), 0, 0, [])
     held: list[DataFrame] = []
     try:
-        return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, bits, held)
+        return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, held)
     except BaseException:
         for frame in held:
             frame.unpersist()
@@ -325,7 +328,6 @@ def _exact(
     layout: Layout,
     max_rows_per_file: int,
     buckets: np.ndarray,
-    bits: int,
     held: list[DataFrame],
 ) -> SparkCorrection:
     """Step 4 over the rows of the changed ``buckets``; what it caches goes into ``held``."""
@@ -337,7 +339,7 @@ def _exact(
         held.append(persisted)
         numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
         keep = F.broadcast(from_arrow(spark, numbers, f"{_BUCKET} long"))
-        desired = desired.join(keep, _bucket(F.col(FP_A), bits) == keep[_BUCKET], "left_semi")
+        desired = desired.join(keep, _bucket(F.col(FP_A), _bits_of(buckets)) == keep[_BUCKET], "left_semi")
     fp = [FP_A, FP_B]
     one, zero = F.lit(1).cast("long"), F.lit(0).cast("long")
     counted = (
