@@ -232,9 +232,20 @@ class MVSink:
             self._errors = Quarantine(MVSink.from_options(errors_options(self.options)))
         marked, ok, bad = self._errors.split(batch_df, self.options, where)
         try:
-            report = _Epoch(self, ok, epoch_id).run()
-            if report.outcome in ("committed", "unchanged", "replay", "between_refreshes"):
-                errors = self._errors.run(bad, epoch_id)
+            view = _Epoch(self, ok, epoch_id)
+            report = view.run()
+            if view.entitled and report.outcome in ("committed", "unchanged", "replay", "between_refreshes"):
+                try:
+                    errors = self._errors.run(bad, epoch_id)
+                except MVSinkError as exc:
+                    # Its message speaks for the errors table only: say what the view did.
+                    done = (
+                        f"the view committed this epoch as version {report.version}"
+                        if report.outcome == "committed"
+                        else f"the view already holds this epoch ({report.outcome})"
+                    )
+                    exc.add_note(f"{done}; its errors table may be behind until the batch runs again")
+                    raise
                 if errors.outcome == "fenced":
                     log.warning(
                         "%s: the errors table %s is owned by another lineage or writer than the "
@@ -336,6 +347,8 @@ class _Epoch:
         self.lineage = sink._lineage(lineage_of(desired, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
         self.ctx = EpochContext(desired, self.opts, self.where, sink.store, budget=sink._budget)
+        self.entitled = True
+        """Whether the last attempt found this sink entitled to write the view (``Skip``)."""
         self.mode: Mode
         if self.opts.mode == "complete":
             self.mode = Complete(self.ctx, sink._index)
@@ -405,6 +418,7 @@ class _Epoch:
                 on_clock=self._watch_stall,
             )
             if isinstance(decision, Skip):
+                self.entitled = decision.entitled
                 plan = self.mode.plan(snap, layout) if decision.plans else None
                 ctx.drain()
                 return self._report(decision.reason, snap.frontier, None, None, attempt, plan=plan)

@@ -92,6 +92,7 @@ def test_a_writer_other_than_the_promoted_one_is_fenced(spark, local_target):
     MVSink(local_target, "v", writer="a")(rows(spark), 0)
     promote(local_target, "v", "b")
     assert ask(local_target, 1, writer="a") == Skip("fenced")
+    assert ask(local_target, 0, writer="a") == Skip("fenced")  # even a replay: it writes nothing
     assert isinstance(ask(local_target, 1, writer="b"), Commit)
     # A standby started read-only writes once the target names it the active writer.
     assert isinstance(ask(local_target, 1, writer="b", read_only=True), Commit)
@@ -100,8 +101,20 @@ def test_a_writer_other_than_the_promoted_one_is_fenced(spark, local_target):
 def test_a_read_only_sink_skips_but_plans(spark, local_target):
     MVSink(local_target, "v")(rows(spark), 0)
     decision = ask(local_target, 1, read_only=True)
-    assert decision == Skip("read_only") and decision.plans
+    assert decision == Skip("read_only", entitled=False) and decision.plans
     assert not Skip("replay").plans
+    # A standby's replay is no licence to write what follows the view (its errors table).
+    assert ask(local_target, 0, read_only=True) == Skip("replay", entitled=False)
+    assert ask(local_target, 0) == Skip("replay", entitled=True)
+
+
+def test_under_a_shared_clock_a_standby_or_fenced_writer_behind_writes_nothing(spark, local_target):
+    clock = {"clock": lambda batch, epoch: {"src": 10}}
+    MVSink(local_target, "v", writer="a", **clock)(rows(spark), 0)
+    assert ask(local_target, 3, time={"src": 9}, writer="c", read_only=True) == Skip("replay", entitled=False)
+    promote(local_target, "v", "c")
+    assert ask(local_target, 3, time={"src": 9}, writer="a") == Skip("fenced")
+    assert ask(local_target, 3, time={"src": 9}, writer="c", read_only=True) == Skip("replay")
 
 
 def test_a_new_lineage_takes_the_view_over_and_always_commits(spark, local_target):

@@ -161,6 +161,27 @@ def test_a_folder_of_parquet_without_a_delta_log_is_refused(spark, local_target)
     assert sorted(os.walk(local_target)) == before
 
 
+def test_an_errors_table_that_fails_after_the_view_committed_says_so(spark, tmp_path, local_target):
+    """The view commits first; an errors table that then fails raises its own error, which
+    also says the view's epoch is committed. The batch run again (a replay for the view)
+    brings the errors table up."""
+    errors = str(tmp_path / "errors")
+    os.makedirs(errors)
+    pq.write_table(pa.table({"id": [1]}), os.path.join(errors, "part-0.parquet"))  # not Delta
+    sink = MVSink(local_target, "v", checks=["v % 3 <> 0"], on_error="table", errors_target=errors)
+    with pytest.raises(UnsupportedTableError, match="holds files but no Delta log") as info:
+        sink(view(spark, 0), 0)
+    assert info.value.target == errors
+    assert info.value.__notes__ == [
+        "the view committed this epoch as version 0; its errors table may be behind until the batch "
+        "runs again"
+    ]
+    assert rows_of(DeltaTable(local_target)) == Counter(r for r in expected(0).elements() if r[1] % 3 != 0)
+    os.remove(os.path.join(errors, "part-0.parquet"))
+    assert sink(view(spark, 0), 0).outcome == "replay"
+    assert rows_of(DeltaTable(errors)) == Counter(r for r in expected(0).elements() if r[1] % 3 == 0)
+
+
 def test_a_read_only_store_is_a_storage_error_and_the_target_unchanged(spark, s3_target, faults):
     sink = MVSink(s3_target, "v", storage_options=faults.options)
     sink(view(spark, 0), 0)

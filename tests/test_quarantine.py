@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
-from mvsink import ConfigError, InputError, MVSink, frontier
+from mvsink import ConfigError, InputError, MVSink, frontier, promote
 from tests.helpers import assert_equal_to, multiset, target_table, versions
 from tests.test_sink import frame
 
@@ -141,3 +142,24 @@ def test_the_errors_table_follows_the_view_through_a_takeover_and_a_fenced_write
     # The old job, still running, is fenced on the view: it writes no error rows either.
     assert old(batch(spark, [(1, "a", 1.0), (4, None, 4.0)]), 1).outcome == "fenced"
     assert versions(errors) == before and multiset(target_table(errors), ["id"]) == {(3,): 1}
+
+
+def test_a_standby_or_a_writer_promoted_away_never_writes_the_errors_table(spark, local_target):
+    """A replay is the errors table's chance to catch up after a crash, but only for a sink
+    that may write the view: a read-only standby, or a writer another was promoted over,
+    writes nothing beside the view either."""
+    errors = local_target + "_errors"
+    options = {**RULES, "on_error": "table", "heartbeat": 0, "clock": lambda batch, epoch: {"src": epoch}}
+    rows = [(1, "a", 1.0), (2, None, 2.0)]
+    MVSink(local_target, "v", writer="a", **options)(batch(spark, rows), 5)
+    shutil.rmtree(errors)  # as if the errors commit was lost in a crash
+    standby = MVSink(local_target, "v", writer="c", read_only=True, **options)
+    assert standby(batch(spark, rows), 5).outcome == "replay"
+    assert not os.path.exists(errors)
+    promote(local_target, "v", "c")
+    fenced = MVSink(local_target, "v", writer="a", **options)
+    assert fenced(batch(spark, rows), 5).outcome == "fenced"
+    assert not os.path.exists(errors)
+    # The promoted standby's replay brings the errors table up.
+    assert standby(batch(spark, rows), 5).outcome == "replay"
+    assert multiset(target_table(errors), ["id"]) == {(2,): 1}

@@ -9,7 +9,9 @@ written. Each reason is decided here, once, in this order:
    clock, its time is behind, equal to or incomparable with the committed time. Writing
    would move the view back (invariant I1, ``sink.py``).
 3. ``fenced``: the epoch's lineage was superseded (``lineage.py``), or another writer was
-   promoted to active writer. An old job left running never writes again.
+   promoted to active writer (then whatever the epoch's time: even a replay is ``fenced``,
+   so nothing beside the view, such as its errors table, is written for it either). An old
+   job left running never writes again.
 4. ``read_only``: a standby. It still plans and reports the correction, but never commits.
 5. ``between_refreshes``: ``refresh_every`` is set and no refresh is due. Complete mode
    only; a commit that must land (see ``Commit.always``) is never held back.
@@ -58,6 +60,10 @@ class Skip:
     """Write nothing this attempt, for ``reason``."""
 
     reason: Reason
+    entitled: bool = True
+    """Whether this sink may write the view at all (False: a standby not promoted). Only a
+    sink that may writes the errors table for an epoch the view already holds
+    (``quarantine.py``)."""
 
     @property
     def plans(self) -> bool:
@@ -123,7 +129,7 @@ def decide(
         verdict=None if clock is None else clock.verdict,
         active_writer=writers.is_active,
     )
-    if isinstance(desc, BatchDescription) and not writers.may_write:
+    if (isinstance(desc, BatchDescription) or desc == "replay") and not writers.may_write:
         log.warning(
             "%s: writer %s is not the view's active writer (another was promoted); this epoch writes nothing",
             where,
@@ -141,7 +147,7 @@ def decide(
                 where,
                 lineage,
             )
-        return Skip(desc)
+        return Skip(desc, entitled=not (read_only and not writers.is_active))
     always = _always(snap, desc, held, opts)
     if not always and opts.refresh is not None:
         if not _due(opts.refresh, snap, desc, held, opts):
