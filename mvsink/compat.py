@@ -14,6 +14,7 @@ what is here instead of an API one line lacks.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -120,3 +121,17 @@ def from_arrow(spark: Any, table: pa.Table, schema: str) -> Any:
 
 JSON_ROWS_PER_CHUNK = 2_000
 """Rows of a table ``from_arrow`` puts in one JSON string on 3.5 (about half a MB)."""
+
+
+def release(*frames: Any) -> None:
+    """Unpersist cached frames, best-effort. By the time a frame is released the epoch's
+    outcome is decided (or an error is on its way up): a failure here (the query's thread
+    interrupted as it stops, the session going away) must not replace it. Blocks left behind
+    go with the session."""
+    for frame in frames:
+        try:
+            frame.unpersist()
+        except Exception as exc:
+            logging.getLogger(__name__).warning(
+                "could not release a cached frame (left to the session): %s", str(exc).splitlines()[0][:300]
+            )

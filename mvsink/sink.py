@@ -53,7 +53,7 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame
 
 from mvsink import failpoints
-from mvsink.compat import is_dataframe, is_spark_error, spark_reason
+from mvsink.compat import is_dataframe, is_spark_error, release, spark_reason
 from mvsink.config import SinkOptions
 from mvsink.epoch.cadence import at_key, now_ms
 from mvsink.epoch.clock import Stall, batch_start, epoch_time
@@ -255,7 +255,7 @@ class MVSink:
                     )
             return report
         finally:
-            marked.unpersist()
+            release(marked)
 
     def _record_metrics(self, version: int, where: Where) -> None:
         """Append the view's committed epochs to the metrics table (``metrics.py``). The epoch
@@ -458,6 +458,7 @@ class _Epoch:
                 with ctx.phase("commit"):
                     version = compare_and_append(
                         snap,
+                        ctx.store,
                         adds=staged.adds,
                         removes=staged.removes,
                         changes=staged.changes,

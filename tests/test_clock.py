@@ -18,6 +18,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from mvsink import ConfigError, LineageError, MVSink, status
 from mvsink.compat import to_arrow
+from mvsink.table.storage import Store
 from tests.helpers import commit_info, multiset, target_table, versions
 
 SCHEMA = "id long, v string"
@@ -321,6 +322,7 @@ def old_clock_commit(rows, target: str, parts: dict[str, int]) -> None:
     }
     compare_and_append(
         snap,
+        Store(snap.root),
         adds=(),
         removes=(),
         app_id="mvsink:v",

@@ -12,6 +12,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mvsink import CommitOutcomeUnknownError, MVSink, frontier
+from mvsink.table.delta import commit_attempt, history
+from mvsink.table.storage import Store
 from tests.helpers import (
     added,
     assert_equal_to,
@@ -87,6 +89,42 @@ def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, tar
     assert referenced_files_exist(target)
     assert_equal_to(target, desired)
     assert commit_info(target, report.version)["mvsink.attempt"]
+
+
+def test_a_landed_commit_is_ours_though_another_landed_after_it(spark, target):
+    """The reply is lost, and before the sink reads the log back another writer's commit
+    lands on top of ours. The version's own log file decides: ours, committed, nothing
+    discarded."""
+    sink = MVSink(target, "landed")
+    sink(people(spark, range(5)), 0)
+
+    def another_then_fail() -> None:
+        MVSink(target, "other")(people(spark, range(3)), 0)  # a commit on top of ours
+        raise OSError("the commit was written but the reply was lost")
+
+    sink._after_commit_call = once(another_then_fail)
+    report = sink(people(spark, range(2, 9)), 1)
+    assert report.outcome == "committed" and report.attempts == 1
+    assert report.version == versions(target)[-2] and referenced_files_exist(target)
+
+
+@pytest.mark.single_engine
+def test_what_the_log_says_of_a_version_is_read_from_that_version(spark, local_target):
+    """A trap in delta-rs (1.6): ``DeltaTable.history`` lists the log's files past the version
+    the table was loaded at and numbers them counting down from that version, so a commit
+    that lands in between shifts every number. mvsink reads a version's commit info from
+    the version's own file (``delta.commit_info``)."""
+    sink = MVSink(local_target, "v")
+    for epoch in range(3):
+        sink(people(spark, range(epoch, 5)), epoch)
+    loaded = DeltaTable(local_target)  # at version 2
+    MVSink(local_target, "other")(people(spark, range(3)), 0)  # version 3 lands
+    shifted = {c["version"]: c.get("mvsink.view") for c in loaded.history(3)}
+    assert shifted[2] == "other" and loaded.version() == 2  # the trap: version 3, labelled 2
+    store = Store(local_target)
+    assert [(c["version"], c["mvsink.epoch"]) for c in history(store, 2, 3)] == [(2, "2"), (1, "1"), (0, "0")]
+    assert commit_attempt(store, 2) == commit_info(local_target, 2)["mvsink.attempt"]
+    assert commit_attempt(store, 4) is None
 
 
 @pytest.mark.parametrize("damage", ["moved", "replaced_by_a_file"])

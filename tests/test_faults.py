@@ -151,6 +151,23 @@ def test_a_crashed_first_epoch_leaves_nothing_that_stops_the_next(spark, local_t
     assert_equal_to(local_target, view(spark, 0))
 
 
+def test_a_cache_that_cannot_be_released_does_not_replace_the_epochs_outcome(spark, local_target):
+    """Stopping a query interrupts its thread, and releasing the epoch's cached frames then
+    fails (``InterruptedException``; the chaos run found it). The epoch's outcome is decided
+    by then: it must come back as it is, not as the release's raw Py4J error."""
+    if not hasattr(spark, "_jvm"):
+        pytest.skip("a classic session's thread is interrupted through py4j")
+    sink = MVSink(local_target, "v", mode="upsert", key=["id"])
+
+    def interrupt(_snap: Any) -> None:  # as query.stop() does to the thread running the batch
+        spark._jvm.java.lang.Thread.currentThread().interrupt()
+
+    sink._before_commit = interrupt
+    report = sink(view(spark, 0), 0)
+    assert report.outcome == "committed" and rows_of(DeltaTable(local_target)) == expected(0)
+    spark._jvm.java.lang.Thread.interrupted()  # clear the flag, whatever consumed it
+
+
 def test_a_folder_of_parquet_without_a_delta_log_is_refused(spark, local_target):
     os.makedirs(os.path.join(local_target, "day=1"))
     pq.write_table(pa.table({"id": [1]}), os.path.join(local_target, "day=1", "part-0.parquet"))

@@ -116,6 +116,7 @@ def compact(
         try:
             version = compare_and_append(
                 snap,
+                store,
                 adds=[w.file for w in written],
                 removes=removes,
                 app_id=f"mvsink:{name}",

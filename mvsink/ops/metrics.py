@@ -30,6 +30,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from mvsink.errors import StorageError, Where
 from mvsink.table.delta import history, metadata_int, table_root
+from mvsink.table.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,7 @@ def record(
             if last is not None and last >= upto:
                 return 0
             start = max(-1 if last is None else last, upto - MAX_BACKFILL)
-            view_table = DeltaTable(table_root(target), storage_options=options)
-            # History counts back from the newest version, which may be past ``upto``.
-            commits = history(view_table, view_table.version() - start)
+            commits = history(Store(table_root(target), options or {}), upto, upto - start)
             rows = [
                 _row(c, view, target)
                 for c in commits

@@ -15,6 +15,7 @@ from mvsink.epoch.lineage import Writers
 from mvsink.errors import ConfigError, Where
 from mvsink.table.catalog import locate
 from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
+from mvsink.table.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
     writers = Writers.read(snap, options.app_id, options.writer)
     version = compare_and_append(
         snap,
+        Store(snap.root, snap.storage_options),
         adds=(),
         removes=(),
         app_id=options.app_id,

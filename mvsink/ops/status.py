@@ -137,8 +137,9 @@ def status(
     snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
-    # The snapshot's own handle: the history ends at the version the figures describe.
-    commits = delta_history(snap._table, history)
+    # The history ends at the version the figures describe.
+    assert snap.version is not None
+    commits = delta_history(Store(snap.root, options), snap.version, history)
     names = sorted(
         {str(c["mvsink.view"]) for c in commits if "mvsink.view" in c} | ({name} if name else set())
     )

@@ -21,6 +21,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from mvsink.compat import release
 from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.plan.rules import rules_for
@@ -129,8 +130,7 @@ def verify(
         raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
         raise
     finally:
-        counts.unpersist()
-        want.unpersist()
+        release(counts, want)
 
 
 def _compare(

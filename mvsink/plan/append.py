@@ -11,6 +11,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from mvsink.compat import release
 from mvsink.plan.context import EpochContext
 from mvsink.plan.rules import rules_for
 from mvsink.table.delta import Snapshot
@@ -38,5 +39,5 @@ class Append:
 
     def close(self) -> None:
         if self.cached is not None:
-            self.cached.unpersist()
+            release(self.cached)
             self.cached = None

@@ -38,7 +38,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from mvsink.compat import from_arrow, to_arrow
+from mvsink.compat import from_arrow, release, to_arrow
 from mvsink.plan.context import EpochContext
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
@@ -167,7 +167,7 @@ class Complete:
             if isinstance(held, SparkCorrection):
                 held.close()
             else:  # a DataFrame, classic or Connect
-                held.unpersist()
+                release(held)
         self.attempt = []
 
     def _numbered(self, layout: Layout) -> DataFrame:
@@ -344,7 +344,7 @@ class Complete:
         self.hashed = None
         self.fps = None
         if self.cached is not None and self.ours:
-            self.cached.unpersist()
+            release(self.cached)
         self.cached = None
 
 

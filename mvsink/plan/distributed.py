@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from mvsink.compat import from_arrow, to_arrow
+from mvsink.compat import from_arrow, release, to_arrow
 from mvsink.errors import InvariantViolation
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote, spark_lanes
@@ -293,8 +293,7 @@ class SparkCorrection:
     changed buckets): unpersisted when done."""
 
     def close(self) -> None:
-        for frame in self.held:
-            frame.unpersist()
+        release(*self.held)
 
 
 def correction(
@@ -315,8 +314,7 @@ def correction(
     try:
         return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, held)
     except BaseException:
-        for frame in held:
-            frame.unpersist()
+        release(*held)
         raise
 
 

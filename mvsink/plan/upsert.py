@@ -42,7 +42,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mvsink.compat import to_arrow
+from mvsink.compat import release, to_arrow
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
@@ -94,7 +94,7 @@ def prepare(batch: DataFrame, schema: StructType, spec: UpsertSpec, where: Where
     try:
         _check(ranked, spec, where)
     except BaseException:
-        ranked.unpersist()
+        release(ranked)
         raise
     return ranked
 
@@ -284,8 +284,7 @@ class Upsert:
         )
 
     def _release_attempt(self) -> None:
-        for frame in self.attempt:
-            frame.unpersist()
+        release(*self.attempt)
         self.attempt = []
 
     def committed(self, staged: Staged) -> None:
@@ -294,7 +293,7 @@ class Upsert:
     def close(self) -> None:
         self._release_attempt()
         if self.ranked is not None:
-            self.ranked.unpersist()
+            release(self.ranked)
             self.ranked = None
 
 

@@ -17,7 +17,7 @@ import posixpath
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -38,7 +38,6 @@ from mvsink.errors import (
     ConfigError,
     ConflictError,
     InvariantViolation,
-    MVSinkError,
     StorageError,
     UnsupportedTableError,
     Where,
@@ -613,6 +612,7 @@ def read_frontier(target: str, app_id: str, storage_options: Mapping[str, str]) 
 
 def compare_and_append(
     snap: Snapshot,
+    log_files: LogFiles,
     *,
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
@@ -649,7 +649,8 @@ def compare_and_append(
     * ``CommitOutcomeUnknownError``: the log could not say; the files must be kept.
 
     ``attempt_id`` is written into the commit metadata (``ATTEMPT_KEY``); it is how a failed
-    call is told apart from a landed one. Checkpointing and log cleanup run after the commit,
+    call is told apart from a landed one, read from the version's own log file in
+    ``log_files`` (the table's storage). Checkpointing and log cleanup run after the commit,
     best-effort: their failure is logged, never the epoch's.
     """
     version = 0 if snap.version is None else snap.version + 1
@@ -720,7 +721,7 @@ def compare_and_append(
         # Even delta-rs's "version already exists" is not proof that ours did not land: on an
         # object store, a conditional put whose reply was lost may be retried by the client
         # and then find our own commit in place.
-        _resolve(snap, version, attempt_id, exc, where)
+        _resolve(log_files, version, attempt_id, exc, where)
     if landed is not None and landed != version:
         # Landed, but not on top of the snapshot it was planned on: its files are referenced.
         raise InvariantViolation(
@@ -797,7 +798,7 @@ def physical_names(schema_json: str | None) -> dict[str, str]:
 
 
 def _resolve(
-    snap: Snapshot,
+    log_files: LogFiles,
     version: int,
     attempt_id: str,
     exc: Exception,
@@ -809,7 +810,7 @@ def _resolve(
     (delta-rs may fail after writing the commit file), so the log at ``version`` decides.
     """
     try:
-        holder = commit_attempt(snap.root, snap.storage_options, version)
+        holder = commit_attempt(log_files, version)
     except Exception as read_exc:
         raise CommitOutcomeUnknownError(
             f"committing version {version} failed ({exc}) and the Delta log could not be read back "
@@ -832,33 +833,48 @@ def _resolve(
     ) from exc
 
 
-def commit_attempt(root: str, storage_options: Mapping[str, str], version: int) -> str | None:
+class LogFiles(Protocol):
+    """What reading the log's files needs of the table's storage (``storage.Store``)."""
+
+    def get(self, path: str) -> pa.Buffer | None: ...
+
+
+def commit_attempt(log_files: LogFiles, version: int) -> str | None:
     """The attempt id recorded in commit ``version`` ("" for a commit that has none), or None
     if the log does not hold that version. Raises if the log cannot be read."""
-    try:
-        dt = DeltaTable(root, storage_options=dict(storage_options) or None)
-    except TableNotFoundError:
-        return None
-    latest = dt.version()
-    if latest < version:
-        return None
-    for entry in history(dt, latest - version + 1):
-        if entry.get("version") == version:
-            return str(entry.get(ATTEMPT_KEY, ""))
-    raise MVSinkError(f"the history of the table no longer lists version {version}")
+    entry = commit_info(log_files, version)
+    return None if entry is None else str(entry.get(ATTEMPT_KEY, ""))
 
 
-def history(dt: DeltaTable, limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` commits of ``dt``, newest first, with mvsink's commit metadata at
-    the top level whichever engine wrote it (delta-rs writes it there, the JVM Delta into the
-    commit's ``tags``)."""
-    commits = []
-    for entry in dt.history(limit):
-        tags = entry.get("tags")
-        if isinstance(tags, dict):
-            entry = {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **entry}
-        commits.append(entry)
-    return commits
+def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
+    """The commit info of version ``version``, read from its own log file, with ``version``
+    set and mvsink's commit metadata at the top level whichever engine wrote it (delta-rs
+    writes it there, the JVM Delta into the commit's ``tags``); ``{"version": n}`` for a commit
+    without one; None if the log holds no such file.
+
+    Never through delta-rs's ``DeltaTable.history``: it lists the log's files past the version
+    the table was loaded at and numbers them counting down from that version, so a commit that
+    lands between the load and the listing shifts every number (delta-rs 1.6; the chaos run
+    found metrics rows, and would have found commit outcomes, read off the wrong version)."""
+    raw = log_files.get(f"_delta_log/{version:020}.json")
+    if raw is None:
+        return None
+    for line in raw.to_pybytes().decode().splitlines():
+        action = json.loads(line) if line.strip() else {}
+        info = action.get("commitInfo")
+        if isinstance(info, dict):
+            tags = info.get("tags")
+            if isinstance(tags, dict):
+                info = {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **info}
+            return {**info, "version": version}
+    return {"version": version}
+
+
+def history(log_files: LogFiles, newest: int, limit: int) -> list[dict[str, Any]]:
+    """The commit infos (``commit_info``) of versions ``newest`` down to ``newest - limit +
+    1``, newest first; versions whose file is gone (log cleanup) are left out."""
+    commits = (commit_info(log_files, v) for v in range(newest, max(newest - limit, -1), -1))
+    return [c for c in commits if c is not None]
 
 
 def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:
