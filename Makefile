@@ -57,9 +57,11 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(SPARK35_VENV)/bin/python -m pytest -q
 	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
 
-# A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs, CHAOS_SEED to replay one.
+# A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
+# processes for CHAOS_SECONDS; CHAOS_SEED replays one.
 chaos: $(STAMP)
-	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-600} \
+	CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 		$(BIN)/python -m pytest -q -s tests/chaos
 
 lint: $(STAMP)

@@ -4,20 +4,29 @@ Given the table, the view and what desired was at each epoch, every version of t
 read back from storage and checked:
 
 1. At every version that records the view's frontier ``u`` (its own commits), the table
-   equals desired of epoch ``u - 1`` as a multiset. Rogue commits in between are excused
-   until the next view commit, which must repair them.
-2. Every data file any version references exists and reads as Parquet.
+   equals desired of epoch ``u - 1`` as a multiset; under a shared clock (``clock``, a part of
+   ``mvsink.time``), desired at that time. Rogue commits in between are excused until the
+   next view commit, which must repair them.
+2. Every data file any version references (adds and change-data files) exists and reads as
+   Parquet; every deletion-vector file it references exists.
 3. A view commit adds only files staged by an attempt of the epoch it records (its folder
    ``mvsink-<view>-e<epoch>-*``): no staged file of another attempt is referenced.
-4. Within a lineage, the frontier strictly increases: it never moves back or repeats.
+4. Within a lineage, the frontier strictly increases: it never moves back or repeats. Under
+   a shared clock, the time strictly increases across all the view's commits.
 5. No epoch of a lineage is committed twice.
 6. The log's versions run 0..N without a gap, and a version that changes no data (every
    action ``dataChange = false``: a compaction) holds exactly what the version before held.
+7. A commit that is not the view's may add rows (a rogue append, repaired by the next view
+   commit) but never removes any, nor mixes data changes with actions that say they are none.
+
+``check_metrics`` checks the metrics table against those commits: each view commit appears
+once, with its own facts, and none is skipped below the newest it holds.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +35,11 @@ from typing import Any
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.storage import Store
 from tests.helpers import multiset
+
+_COMMIT = re.compile(r"\d{20}\.json")
 
 
 @dataclass
@@ -39,6 +51,12 @@ class History:
     compared: int = 0
     files: int = 0
     violations: list[str] = field(default_factory=list)
+    vectors: set[str] = field(default_factory=set)
+    """Deletion-vector files the log references (checked to exist, like data files)."""
+    commits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The view's commits by version: their commit info, mvsink's keys at the top level."""
+    last: int | None = None
+    """The position (epoch, or time) of the newest view commit."""
 
 
 def check_history(
@@ -47,10 +65,12 @@ def check_history(
     view: str,
     desired: Callable[[int], Counter[Any]],
     columns: list[str],
+    clock: str | None = None,
 ) -> History:
     store = Store(target, options)
+    clock_at = -1
     found = History()
-    log = sorted(p for p in store.files("_delta_log") if p.endswith(".json") and "/_" not in p)
+    log = sorted(p for p in store.files("_delta_log") if _COMMIT.fullmatch(p.rsplit("/", 1)[-1]))
     frontier: dict[str, int] = {}
     epochs: set[tuple[str, str]] = set()
     referenced: set[str] = set()
@@ -67,24 +87,43 @@ def check_history(
         info = {**(info.get("tags") or {}), **info}
         adds = [a["add"]["path"] for a in actions if "add" in a]
         referenced.update(adds)
+        referenced.update(a["cdc"]["path"] for a in actions if "cdc" in a)
+        vectors = vector_files(a["add"].get("deletionVector") for a in actions if "add" in a)
+        found.vectors.update(v.path for v in vectors)
         changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
-        if version and changes and not any(c.get("dataChange", True) for c in changes):
-            before, after = (
-                multiset(DeltaTable(target, version=v, storage_options=options).to_pyarrow_table(), columns)
-                for v in (version - 1, version)
-            )
-            if before != after:
+        upper = info.get("mvsink.upper")
+        ours = info.get("mvsink.view") == view and bool(upper)
+        labels = {bool(c.get("dataChange", True)) for c in changes}
+        if not ours and labels == {True, False}:
+            found.violations.append(f"v{version}: changes data and says it does not, in one commit")
+        if not ours and any("remove" in a and a["remove"].get("dataChange", True) for a in actions):
+            # Another writer may add rows (a rogue append the next view commit repairs); one
+            # that removes rows here is a compaction or a tool of ours gone wrong.
+            found.violations.append(f"v{version}: a commit not the view's removes rows")
+        if version and labels == {False}:
+            before, after = (_held(target, v, options, columns, found) for v in (version - 1, version))
+            if before is not None and after is not None and before != after:
                 found.violations.append(
                     f"v{version}: changes no data (dataChange = false) but its rows differ"
                 )
-        upper = info.get("mvsink.upper")
-        if info.get("mvsink.view") != view or not upper:
-            continue  # a rogue writer, a compaction, a promotion
+        if not ours:
+            continue  # a rogue append, a compaction, a promotion, a property set
         found.view_commits += 1
+        found.commits[version] = info
         lineage, epoch = str(info.get("mvsink.lineage")), str(info.get("mvsink.epoch"))
         if int(upper) <= frontier.get(lineage, -1):
             found.violations.append(f"v{version}: lineage {lineage} moved its frontier to {upper}")
         frontier[lineage] = int(upper)
+        at = int(upper) - 1
+        if clock is not None:
+            at = int(json.loads(info.get("mvsink.time") or "{}").get(clock, -1))
+            if at < 0:
+                found.violations.append(f"v{version}: records no time {clock!r} ({info.get('mvsink.time')})")
+                continue
+            if at <= clock_at:
+                found.violations.append(f"v{version}: the view's time moved from {clock_at} to {at}")
+            clock_at = at
+        found.last = at
         if (lineage, epoch) in epochs:
             found.violations.append(f"v{version}: epoch {epoch} of lineage {lineage} committed again")
         epochs.add((lineage, epoch))
@@ -92,11 +131,11 @@ def check_history(
         strays = [p for p in adds if not p.split("/")[0].startswith(staged)]
         if strays:
             found.violations.append(f"v{version}: adds {strays[0]}, not staged by epoch {epoch}")
-        held = DeltaTable(target, version=version, storage_options=options).to_pyarrow_table()
-        want = desired(int(upper) - 1)
-        if multiset(held, columns) != want:
+        held = _held(target, version, options, columns, found)
+        want = desired(at)
+        if held is not None and held != want:
             found.violations.append(
-                f"v{version}: holds {held.num_rows} rows that are not desired at epoch {int(upper) - 1} "
+                f"v{version}: holds {sum(held.values())} rows that are not desired at epoch {at} "
                 f"({sum(want.values())} rows)"
             )
         found.compared += 1
@@ -106,7 +145,54 @@ def check_history(
             pq.read_metadata(store.fs.open_input_file(_unquoted(path)))
         except Exception as exc:
             found.violations.append(f"{path}, referenced by the log, does not read: {exc}")
+    held = store.sizes(sorted(found.vectors)) if found.vectors else {}
+    found.violations += [
+        f"deletion vector {p}, referenced by the log, is gone" for p in found.vectors - set(held)
+    ]
     return found
+
+
+def check_metrics(metrics: str, options: dict[str, str], view: str, history: History) -> list[str]:
+    """What is wrong with the metrics table ``metrics`` against the view's commits in
+    ``history``: a commit recorded twice or with other facts, a row that is no view commit,
+    a view commit missing below the newest one recorded."""
+    rows = [
+        r
+        for r in DeltaTable(metrics, storage_options=options).to_pyarrow_table().to_pylist()
+        if r["view"] == view
+    ]
+    wrong = []
+    seen = Counter(r["version"] for r in rows)
+    wrong += [f"metrics: version {v} recorded {n} times" for v, n in seen.items() if n > 1]
+    for r in rows:
+        info = history.commits.get(r["version"])
+        if info is None:
+            wrong.append(f"metrics: version {r['version']} is no commit of view {view}")
+            continue
+        for column in ("epoch", "lineage", "writer", "inserted", "retracted"):
+            if str(r[column]) != str(info.get(f"mvsink.{column}")):
+                wrong.append(
+                    f"metrics: version {r['version']} has {column} {r[column]!r}, the commit says "
+                    f"{info.get(f'mvsink.{column}')!r}"
+                )
+    newest = max(seen, default=-1)
+    missing = [v for v in history.commits if v <= newest and v not in seen]
+    wrong += [f"metrics: view commit v{v} is missing (v{newest} is recorded)" for v in missing]
+    return wrong
+
+
+def _held(
+    target: str, version: int, options: dict[str, str], columns: list[str], found: History
+) -> Counter[Any] | None:
+    """The rows of ``version``, or None (and a violation) if it does not read."""
+    try:
+        table = DeltaTable(target, version=version, storage_options=options).to_pyarrow_table()
+    except Exception as exc:
+        violation = f"v{version} does not read: {str(exc)[:300]}"
+        if violation not in found.violations:
+            found.violations.append(violation)
+        return None
+    return multiset(table, columns)
 
 
 def _unquoted(path: str) -> str:
