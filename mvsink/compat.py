@@ -133,5 +133,6 @@ def release(*frames: Any) -> None:
             frame.unpersist()
         except Exception as exc:
             logging.getLogger(__name__).warning(
-                "could not release a cached frame (left to the session): %s", str(exc).splitlines()[0][:300]
+                "could not release a cached frame (left to the session): %s",
+                (str(exc).splitlines() or [type(exc).__name__])[0][:300],
             )

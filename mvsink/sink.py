@@ -237,12 +237,12 @@ class MVSink:
             if view.entitled and report.outcome in ("committed", "unchanged", "replay", "between_refreshes"):
                 try:
                     errors = self._errors.run(bad, epoch_id)
-                except MVSinkError as exc:
+                except Exception as exc:
                     # Its message speaks for the errors table only: say what the view did.
                     done = (
                         f"the view committed this epoch as version {report.version}"
                         if report.outcome == "committed"
-                        else f"the view already holds this epoch ({report.outcome})"
+                        else f"the view needed no commit for this epoch ({report.outcome})"
                     )
                     exc.add_note(f"{done}; its errors table may be behind until the batch runs again")
                     raise

@@ -108,6 +108,28 @@ def test_a_landed_commit_is_ours_though_another_landed_after_it(spark, target):
     assert report.version == versions(target)[-2] and referenced_files_exist(target)
 
 
+def test_a_landed_commit_without_commit_info_keeps_its_files(spark, local_target):
+    """A commit without a commitInfo (a writer told not to record one) cannot be told apart:
+    the outcome is unknown and nothing it may reference is deleted, never a conflict."""
+    sink = MVSink(local_target, "landed", retry=RETRY_FAST)
+    sink(people(spark, range(5)), 0)
+
+    def strip_then_fail() -> None:
+        newest = max(versions(local_target))
+        path = os.path.join(local_target, "_delta_log", f"{newest:020}.json")
+        with open(path) as f:
+            kept = [line for line in f if '"commitInfo"' not in line]
+        with open(path, "w") as f:
+            f.writelines(kept)
+        raise OSError("the commit was written but the reply was lost")
+
+    sink._after_commit_call = once(strip_then_fail)
+    with pytest.raises(CommitOutcomeUnknownError, match="records no commitInfo"):
+        sink(people(spark, range(2, 9)), 1)
+    assert referenced_files_exist(local_target)
+    assert_equal_to(local_target, people(spark, range(2, 9)))
+
+
 @pytest.mark.single_engine
 def test_what_the_log_says_of_a_version_is_read_from_that_version(spark, local_target):
     """A trap in delta-rs (1.6): ``DeltaTable.history`` lists the log's files past the version

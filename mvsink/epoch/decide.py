@@ -135,7 +135,7 @@ def decide(
             where,
             opts.writer,
         )
-        return Skip("fenced")
+        return Skip("fenced", entitled=False)
     if clock is not None and on_clock is not None:
         on_clock(clock)
     if not isinstance(desc, BatchDescription):
@@ -147,7 +147,7 @@ def decide(
                 where,
                 lineage,
             )
-        return Skip(desc, entitled=not (read_only and not writers.is_active))
+        return Skip(desc, entitled=desc != "fenced" and not (read_only and not writers.is_active))
     always = _always(snap, desc, held, opts)
     if not always and opts.refresh is not None:
         if not _due(opts.refresh, snap, desc, held, opts):

@@ -38,6 +38,7 @@ from mvsink.errors import (
     ConfigError,
     ConflictError,
     InvariantViolation,
+    MVSinkError,
     StorageError,
     UnsupportedTableError,
     Where,
@@ -843,7 +844,13 @@ def commit_attempt(log_files: LogFiles, version: int) -> str | None:
     """The attempt id recorded in commit ``version`` ("" for a commit that has none), or None
     if the log does not hold that version. Raises if the log cannot be read."""
     entry = commit_info(log_files, version)
-    return None if entry is None else str(entry.get(ATTEMPT_KEY, ""))
+    if entry is None:
+        return None
+    if entry.keys() == {"version"}:
+        # No commitInfo at all: it may be ours (a writer told not to record one), so it
+        # proves nothing either way; the caller keeps the staged files.
+        raise MVSinkError(f"version {version} records no commitInfo: whose commit it is cannot be told")
+    return str(entry.get(ATTEMPT_KEY, ""))
 
 
 def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:

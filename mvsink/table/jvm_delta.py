@@ -216,6 +216,8 @@ class JvmDelta:
         tag_map = self._map(tags)
         clone = self._jspark.cloneSession()
         clone.conf().set(COMMIT_CONF, "0")
+        # The commit's attempt id lives in its commitInfo: how a failed call is resolved.
+        clone.conf().set("spark.databricks.delta.commitInfo.enabled", "true")
         if user_metadata:
             clone.conf().set(USER_METADATA_CONF, user_metadata)
         else:
