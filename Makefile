@@ -60,7 +60,7 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
 # processes for CHAOS_SECONDS; CHAOS_SEED replays one.
 chaos: $(STAMP)
-	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-600} \
+	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-2700} \
 	CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 		$(BIN)/python -m pytest -q -s tests/chaos
 
