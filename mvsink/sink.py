@@ -98,8 +98,8 @@ from mvsink.table.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger(__name__)
 metrics = logging.getLogger("mvsink.metrics")
-_COMMIT = re.compile(r"_delta_log/\d{20}\.json")
 """One JSON object per epoch (``EpochReport.to_json``): route it to a metrics pipeline."""
+_COMMIT = re.compile(r"_delta_log/\d{20}\.json")
 
 
 class Mode(Protocol):

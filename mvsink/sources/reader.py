@@ -80,7 +80,7 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.sources.changes import Mask, exact_change
-from mvsink.table.delta import DataFile, check_features, table_root
+from mvsink.table.delta import DataFile, check_features, log_actions, table_root
 from mvsink.table.fingerprint import I64, fingerprints
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store
@@ -280,8 +280,8 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _data_changes(self, version: int) -> tuple[list[_File], list[_File]]:
         """The files ``version`` adds and removes with a data change, in log order."""
-        data = self.store.get(f"_delta_log/{version:020d}.json")
-        if data is None:
+        actions = log_actions(self.store, version)
+        if actions is None:
             raise InputError(
                 f"Delta version {version} of {self.store.root} is no longer in the log (log "
                 "retention passed it): the stream cannot continue from there; start a new query "
@@ -289,10 +289,7 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         added: list[_File] = []
         removed: list[_File] = []
-        for line in data.to_pybytes().decode().splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
+        for action in actions:
             meta = action.get("metaData")
             if meta and StructType.fromJson(json.loads(meta["schemaString"])) != self.table_schema:
                 raise InputError(

@@ -863,11 +863,10 @@ def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
     the table was loaded at and numbers them counting down from that version, so a commit that
     lands between the load and the listing shifts every number (delta-rs 1.6; the chaos run
     found metrics rows, and would have found commit outcomes, read off the wrong version)."""
-    raw = log_files.get(f"_delta_log/{version:020}.json")
-    if raw is None:
+    actions = log_actions(log_files, version)
+    if actions is None:
         return None
-    for line in raw.to_pybytes().decode().splitlines():
-        action = json.loads(line) if line.strip() else {}
+    for action in actions:
         info = action.get("commitInfo")
         if isinstance(info, dict):
             tags = info.get("tags")
@@ -875,6 +874,15 @@ def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
                 info = {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **info}
             return {**info, "version": version}
     return {"version": version}
+
+
+def log_actions(log_files: LogFiles, version: int) -> list[dict[str, Any]] | None:
+    """The actions of commit ``version``, in log order, from its own log file; None if the
+    log holds no such file."""
+    raw = log_files.get(f"_delta_log/{version:020}.json")
+    if raw is None:
+        return None
+    return [json.loads(line) for line in raw.to_pybytes().decode().splitlines() if line.strip()]
 
 
 def history(log_files: LogFiles, newest: int, limit: int) -> list[dict[str, Any]]:
