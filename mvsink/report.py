@@ -39,6 +39,12 @@ class EpochReport:
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds spent per step: snapshot, collect, fingerprint, index, diff, read, write, commit
     (and prepare and rules where they ran)."""
+    snapshot_version: int | None = None
+    """The table version the epoch's last attempt read and decided against (None while the
+    table did not exist): an ``unchanged`` epoch found that version already equal to desired,
+    a ``replay`` found the epoch already reflected in it."""
+    time: dict[str, int] | None = None
+    """The epoch's time under a shared clock (``clock``; None without one)."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as one JSON object (the ``mvsink.metrics`` log record): every field above,

@@ -421,7 +421,7 @@ class _Epoch:
                 self.entitled = decision.entitled
                 plan = self.mode.plan(snap, layout) if decision.plans else None
                 ctx.drain()
-                return self._report(decision.reason, snap.frontier, None, None, attempt, plan=plan)
+                return self._report(decision.reason, snap.frontier, None, None, attempt, snap, plan=plan)
             desc = decision.desc
             plan = self.mode.plan(snap, layout)
             with ctx.phase("write"):
@@ -444,7 +444,7 @@ class _Epoch:
                 # Nothing to change and no heartbeat due: no version (decide.py).
                 self._discard(staged, plan)
                 ctx.drain()
-                return self._report("unchanged", desc.lower, None, None, attempt)
+                return self._report("unchanged", desc.lower, None, None, attempt, snap)
             try:
                 ctx.drain()
                 if self.sink._before_commit is not None:
@@ -492,7 +492,7 @@ class _Epoch:
                 raise
             failpoints.hit("after_commit")
             self.mode.committed(staged)
-            return self._report("committed", desc.lower, desc.upper, version, attempt, staged=staged)
+            return self._report("committed", desc.lower, desc.upper, version, attempt, snap, staged=staged)
         raise RetriesExhaustedError(
             f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
             "(Spark will retry the batch). If another writer commits this often, raise "
@@ -644,6 +644,7 @@ class _Epoch:
         upper: int | None,
         version: int | None,
         attempts: int,
+        snap: Snapshot,
         *,
         plan: Plan | None = None,
         staged: Staged | None = None,
@@ -666,4 +667,6 @@ class _Epoch:
             phases=dict(self.ctx.phases),
             attempts=attempts,
             seconds=time.monotonic() - self.started,
+            snapshot_version=snap.version,
+            time=dict(self.time) if self.time is not None else None,
         )

@@ -21,6 +21,11 @@ read back from storage and checked:
 
 ``check_metrics`` checks the metrics table against those commits: each view commit appears
 once, with its own facts, and none is skipped below the newest it holds.
+
+``check_verdicts`` checks the epochs that wrote nothing against the version they read
+(``EpochReport.snapshot_version``): an ``unchanged`` epoch found that version equal to
+desired at its time, so it must hold exactly that; a ``replay`` found its time already
+reached, so the view's newest commit at or below that version must be at or past it.
 """
 
 from __future__ import annotations
@@ -179,6 +184,47 @@ def check_metrics(metrics: str, options: dict[str, str], view: str, history: His
     missing = [v for v in history.commits if v <= newest and v not in seen]
     wrong += [f"metrics: view commit v{v} is missing (v{newest} is recorded)" for v in missing]
     return wrong
+
+
+def check_verdicts(
+    target: str,
+    options: dict[str, str],
+    reports: list[dict[str, Any]],
+    history: History,
+    desired: Callable[[int], Counter[Any]],
+    columns: list[str],
+    clock: str | None = None,
+) -> tuple[int, list[str]]:
+    """How many of the view's ``reports`` (``EpochReport.to_json``) said ``unchanged`` or
+    ``replay`` against a version of the table, and what is wrong with them. An epoch's
+    position is its time ``clock`` under a shared clock, else its epoch (the ``direct``
+    lineage, as ``check_history`` without a clock)."""
+    position = {
+        version: int(json.loads(info.get("mvsink.time") or "{}").get(clock, -1))
+        if clock is not None
+        else int(info["mvsink.upper"]) - 1
+        for version, info in history.commits.items()
+    }
+    found, checked, held_at = History(), 0, dict[int, Counter[Any] | None]()
+    for report in reports:
+        version, outcome = report.get("snapshot_version"), report.get("outcome")
+        at = (report.get("time") or {}).get(clock) if clock is not None else report.get("epoch")
+        if version is None or at is None or outcome not in ("unchanged", "replay"):
+            continue
+        checked += 1
+        where = f"epoch {report['epoch']} ({outcome} at v{version}, position {at})"
+        if outcome == "unchanged":
+            if version not in held_at:
+                held_at[version] = _held(target, version, options, columns, found)
+            held = held_at[version]
+            if held is not None and held != desired(at):
+                wrong = f"v{version} is not desired at {at}, yet nothing was written"
+                found.violations.append(f"{where}: {wrong}")
+        else:
+            reached = max((p for v, p in position.items() if v <= version), default=-1)
+            if reached < at:
+                found.violations.append(f"{where}: the view had only reached {reached} at v{version}")
+    return checked, found.violations
 
 
 def _held(

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from mvsink import MVSink
-from tests.chaos.invariants import check_history, check_metrics
+from tests.chaos.invariants import check_history, check_metrics, check_verdicts
 
 
 def rows(epoch: int) -> Counter[tuple[int, int]]:
@@ -114,3 +114,28 @@ def test_the_metrics_check_names_a_commit_recorded_twice_or_missing(spark, tmp_p
     assert check_metrics(metrics, {}, "v", history) == ["metrics: version 1 recorded 2 times"]
     DeltaTable(metrics).delete("version = 1")
     assert check_metrics(metrics, {}, "v", history) == ["metrics: view commit v1 is missing (v2 is recorded)"]
+
+
+def test_the_verdict_check_names_an_unchanged_or_replayed_epoch_the_table_contradicts(spark, local_target):
+    sink = MVSink(local_target, "v", heartbeat="1h")
+    batch = [spark.range(5).selectExpr("id", f"id + {e} AS v") for e in range(2)]
+    reports = [sink(batch[0], 0), sink(batch[1], 1), sink(batch[1], 2), sink(batch[1], 1)]
+    assert [r.outcome for r in reports] == ["committed", "committed", "unchanged", "replay"]
+    said = [r.to_json() for r in reports]
+
+    def settled(epoch: int) -> Counter[tuple[int, int]]:  # epoch 2 changed nothing
+        return rows(min(epoch, 1))
+
+    history = check_history(local_target, {}, "v", settled, ["id", "v"])
+    assert history.violations == []
+    assert check_verdicts(local_target, {}, said, history, settled, ["id", "v"]) == (2, [])
+    # Had desired moved at epoch 2, "unchanged" was a wrong verdict.
+    checked, wrong = check_verdicts(local_target, {}, said, history, rows, ["id", "v"])
+    assert checked == 2 and wrong == [
+        "epoch 2 (unchanged at v1, position 2): v1 is not desired at 2, yet nothing was written"
+    ]
+    # A replay of an epoch the view had not reached.
+    ahead = {**said[3], "epoch": 4}
+    assert check_verdicts(local_target, {}, [ahead], history, settled, ["id", "v"])[1] == [
+        "epoch 4 (replay at v1, position 4): the view had only reached 1 at v1"
+    ]

@@ -2,7 +2,8 @@
 of one source on S3 behind the fault proxy, while they are SIGKILLed and restarted from their
 checkpoints, fail points fire inside them, a standby is promoted midway, and a compactor, a
 vacuum and a rogue writer act on the same tables. Afterwards every table's whole history is
-checked (``invariants.py``).
+checked, and every epoch the replicas journaled as ``unchanged`` or ``replay`` against the
+version it read (``invariants.py``).
 
 * replicas ``a`` and ``b`` are active (no promotion: each commit is conditional on the shared
   clock), ``c`` is a read-only standby, promoted to the ``totals`` view's active writer halfway;
@@ -46,7 +47,7 @@ from mvsink.ops.compact import compact
 from mvsink.ops.vacuum import RETENTION
 from mvsink.table.delta import history
 from mvsink.table.storage import Store
-from tests.chaos.invariants import History, check_history, check_metrics
+from tests.chaos.invariants import History, check_history, check_metrics, check_verdicts
 from tests.helpers import multiset
 from tests.s3server import BUCKET, FaultyS3
 
@@ -294,6 +295,22 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
     violations += _writers(totals, errs, latest, _promotion(tables["totals"], s3_options))
 
     reports = [e for r in replicas.values() for e in r.journal()]
+    verdicts = [
+        check_verdicts(
+            tables[view],
+            s3_options,
+            [e for e in reports if e.get("view") == view],
+            found,
+            want,
+            cols,
+            "0.version",
+        )
+        for view, found, want, cols in (
+            ("totals", totals, lambda t: source.totals(t, False), ["g", "n", "total"]),
+            ("latest", latest, source.latest, ["id", "v", "seq"]),
+        )
+    ]
+    violations += [v for _, wrong in verdicts for v in wrong]
     outcomes = Counter(f"{e.get('view')}:{e.get('outcome') or e.get('error')}" for e in reports)
     retries = sum(max(e.get("attempts", 1) - 1, 0) for e in reports if "attempts" in e)
     resolved = sum(text.count("is ours: the epoch committed") for text in logs.values())
@@ -307,7 +324,8 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
         f"chaos (processes): {elapsed:.0f} s, source versions 0..{last}\n"
         f"  view commits: totals {len(totals.commits)}, errors table {len(errs.commits)}, "
         f"latest {len(latest.commits)}; versions checked {sum(h.versions for h in histories)}, "
-        f"files read {sum(h.files for h in histories)}\n"
+        f"files read {sum(h.files for h in histories)}; unchanged and replay verdicts checked "
+        f"{sum(n for n, _ in verdicts)}\n"
         f"  outcomes {dict(sorted(outcomes.items()))}\n"
         f"  retries (conflicts and faults) {retries}; commit outcomes resolved from the log {resolved}; "
         f"left unknown {unknown}\n"
