@@ -312,6 +312,7 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
     ]
     violations += [v for _, wrong in verdicts for v in wrong]
     outcomes = Counter(f"{e.get('view')}:{e.get('outcome') or e.get('error')}" for e in reports)
+    # An epoch's only retry is after a lost commit race (sink.py): every attempt but its last.
     retries = sum(max(e.get("attempts", 1) - 1, 0) for e in reports if "attempts" in e)
     resolved = sum(text.count("is ours: the epoch committed") for text in logs.values())
     unknown = sum(text.count("CommitOutcomeUnknownError") for text in logs.values())
@@ -327,7 +328,7 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
         f"files read {sum(h.files for h in histories)}; unchanged and replay verdicts checked "
         f"{sum(n for n, _ in verdicts)}\n"
         f"  outcomes {dict(sorted(outcomes.items()))}\n"
-        f"  retries (conflicts and faults) {retries}; commit outcomes resolved from the log {resolved}; "
+        f"  commit races lost and retried {retries}; commit outcomes resolved from the log {resolved}; "
         f"left unknown {unknown}\n"
         f"  faults by kind {injected}; by fate {dict(by_fate)}\n"
         f"  {dict(figures)}; process exits by status {dict(exits)}"
