@@ -43,8 +43,9 @@ class EpochReport:
     """The table version the epoch's last attempt read and decided against (None while the
     table did not exist): an ``unchanged`` epoch found that version already equal to desired,
     a ``replay`` found the epoch already reflected in it."""
-    time: dict[str, int] | None = None
-    """The epoch's time under a shared clock (``clock``; None without one)."""
+    clock_time: dict[str, int] | None = None
+    """The epoch's time under a shared clock (``clock``): its parts, such as ``{"0.version":
+    12}``; None without a clock."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as one JSON object (the ``mvsink.metrics`` log record): every field above,

@@ -668,5 +668,5 @@ class _Epoch:
             attempts=attempts,
             seconds=time.monotonic() - self.started,
             snapshot_version=snap.version,
-            time=dict(self.time) if self.time is not None else None,
+            clock_time=dict(self.time) if self.time is not None else None,
         )

@@ -31,12 +31,13 @@ def test_only_an_epoch_ahead_of_the_committed_time_commits(spark, local_target):
     rows = spark.createDataFrame([(1, "a")], SCHEMA)
     now.update(x=5, y=1)
     first = a(rows, 7)
-    assert (first.outcome, first.snapshot_version, first.time) == ("committed", None, {"x": 5, "y": 1})
+    assert (first.outcome, first.snapshot_version, first.clock_time) == ("committed", None, {"x": 5, "y": 1})
     before = versions(local_target)
     now.update(x=3, y=1)
     behind = b(rows, 0)
     # The report says what it decided against: the version read, and the epoch's time.
-    assert (behind.outcome, behind.snapshot_version, behind.time) == ("replay", before[-1], {"x": 3, "y": 1})
+    said = (behind.outcome, behind.snapshot_version, behind.clock_time)
+    assert said == ("replay", before[-1], {"x": 3, "y": 1})
     now.update(x=5, y=1)
     assert b(rows, 1).outcome == "replay"  # the same time
     now.update(x=6, y=0)

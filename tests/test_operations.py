@@ -74,7 +74,8 @@ def test_each_epoch_is_one_json_metrics_record(spark, local_target, caplog):
     assert [(r["epoch"], r["outcome"]) for r in records] == [(0, "committed"), (1, "unchanged")]
     assert records[0]["inserted"] == 5 and records[0]["version"] == 0 and "commit" in records[0]["phases"]
     # The unchanged epoch names the version it found equal to desired; no clock, no time.
-    assert (records[1]["snapshot_version"], records[1]["version"], records[1]["time"]) == (0, None, None)
+    unchanged = records[1]
+    assert (unchanged["snapshot_version"], unchanged["version"], unchanged["clock_time"]) == (0, None, None)
 
 
 def test_verify_counts_and_samples_missing_and_extra_rows(spark, target):

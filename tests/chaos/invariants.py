@@ -198,7 +198,8 @@ def check_verdicts(
     """How many of the view's ``reports`` (``EpochReport.to_json``) said ``unchanged`` or
     ``replay`` against a version of the table, and what is wrong with them. An epoch's
     position is its time ``clock`` under a shared clock, else its epoch (the ``direct``
-    lineage, as ``check_history`` without a clock)."""
+    lineage, as ``check_history`` without a clock). Positions are compared as one number:
+    a clock of one part (the chaos run's one source), never parts that can be incomparable."""
     position = {
         version: int(json.loads(info.get("mvsink.time") or "{}").get(clock, -1))
         if clock is not None
@@ -208,11 +209,14 @@ def check_verdicts(
     found, checked, held_at = History(), 0, dict[int, Counter[Any] | None]()
     for report in reports:
         version, outcome = report.get("snapshot_version"), report.get("outcome")
-        at = (report.get("time") or {}).get(clock) if clock is not None else report.get("epoch")
-        if version is None or at is None or outcome not in ("unchanged", "replay"):
+        at = (report.get("clock_time") or {}).get(clock) if clock is not None else report.get("epoch")
+        if version is None or outcome not in ("unchanged", "replay"):
             continue
         checked += 1
         where = f"epoch {report['epoch']} ({outcome} at v{version}, position {at})"
+        if at is None:  # a report that cannot be checked is itself wrong
+            found.violations.append(f"{where}: the report gives no {clock or 'epoch'}")
+            continue
         if outcome == "unchanged":
             if version not in held_at:
                 held_at[version] = _held(target, version, options, columns, found)

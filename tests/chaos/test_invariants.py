@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from mvsink import MVSink
@@ -116,8 +117,12 @@ def test_the_metrics_check_names_a_commit_recorded_twice_or_missing(spark, tmp_p
     assert check_metrics(metrics, {}, "v", history) == ["metrics: view commit v1 is missing (v2 is recorded)"]
 
 
-def test_the_verdict_check_names_an_unchanged_or_replayed_epoch_the_table_contradicts(spark, local_target):
-    sink = MVSink(local_target, "v", heartbeat="1h")
+@pytest.mark.parametrize("clock", [None, "t"])
+def test_the_verdict_check_names_an_unchanged_or_replayed_epoch_the_table_contradicts(
+    spark, local_target, clock
+):
+    times = {"clock": lambda df, epoch: {"t": epoch}} if clock else {}
+    sink = MVSink(local_target, "v", heartbeat="1h", **times)
     batch = [spark.range(5).selectExpr("id", f"id + {e} AS v") for e in range(2)]
     reports = [sink(batch[0], 0), sink(batch[1], 1), sink(batch[1], 2), sink(batch[1], 1)]
     assert [r.outcome for r in reports] == ["committed", "committed", "unchanged", "replay"]
@@ -126,16 +131,21 @@ def test_the_verdict_check_names_an_unchanged_or_replayed_epoch_the_table_contra
     def settled(epoch: int) -> Counter[tuple[int, int]]:  # epoch 2 changed nothing
         return rows(min(epoch, 1))
 
-    history = check_history(local_target, {}, "v", settled, ["id", "v"])
+    def verdicts(reports: list[dict[str, Any]], desired: Any = settled) -> tuple[int, list[str]]:
+        return check_verdicts(local_target, {}, reports, history, desired, ["id", "v"], clock)
+
+    history = check_history(local_target, {}, "v", settled, ["id", "v"], clock)
     assert history.violations == []
-    assert check_verdicts(local_target, {}, said, history, settled, ["id", "v"]) == (2, [])
+    assert verdicts(said) == (2, [])
     # Had desired moved at epoch 2, "unchanged" was a wrong verdict.
-    checked, wrong = check_verdicts(local_target, {}, said, history, rows, ["id", "v"])
-    assert checked == 2 and wrong == [
-        "epoch 2 (unchanged at v1, position 2): v1 is not desired at 2, yet nothing was written"
-    ]
+    assert verdicts(said, rows) == (
+        2,
+        ["epoch 2 (unchanged at v1, position 2): v1 is not desired at 2, yet nothing was written"],
+    )
     # A replay of an epoch the view had not reached.
-    ahead = {**said[3], "epoch": 4}
-    assert check_verdicts(local_target, {}, [ahead], history, settled, ["id", "v"])[1] == [
-        "epoch 4 (replay at v1, position 4): the view had only reached 1 at v1"
-    ]
+    ahead = {**said[3], "epoch": 4, "clock_time": {"t": 4} if clock else None}
+    assert verdicts([ahead])[1] == ["epoch 4 (replay at v1, position 4): the view had only reached 1 at v1"]
+    if clock:  # a report without its time cannot be checked: that is named, never skipped
+        assert verdicts([{**said[3], "clock_time": None}])[1] == [
+            "epoch 1 (replay at v1, position None): the report gives no t"
+        ]

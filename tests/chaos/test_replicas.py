@@ -312,7 +312,8 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
     ]
     violations += [v for _, wrong in verdicts for v in wrong]
     outcomes = Counter(f"{e.get('view')}:{e.get('outcome') or e.get('error')}" for e in reports)
-    # An epoch's only retry is after a lost commit race (sink.py): every attempt but its last.
+    # An epoch retries after a lost commit race, or a table made since its snapshot (sink.py):
+    # every attempt of an epoch that ended but its last (a failed epoch journals no attempts).
     retries = sum(max(e.get("attempts", 1) - 1, 0) for e in reports if "attempts" in e)
     resolved = sum(text.count("is ours: the epoch committed") for text in logs.values())
     unknown = sum(text.count("CommitOutcomeUnknownError") for text in logs.values())
@@ -328,7 +329,8 @@ def test_replica_processes_killed_and_promoted_keep_every_version_exact(
         f"files read {sum(h.files for h in histories)}; unchanged and replay verdicts checked "
         f"{sum(n for n, _ in verdicts)}\n"
         f"  outcomes {dict(sorted(outcomes.items()))}\n"
-        f"  commit races lost and retried {retries}; commit outcomes resolved from the log {resolved}; "
+        f"  attempts retried (lost commit races) {retries}; "
+        f"commit outcomes resolved from the log {resolved}; "
         f"left unknown {unknown}\n"
         f"  faults by kind {injected}; by fate {dict(by_fate)}\n"
         f"  {dict(figures)}; process exits by status {dict(exits)}"
