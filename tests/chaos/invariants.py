@@ -60,8 +60,10 @@ class History:
     """Deletion-vector files the log references (checked to exist, like data files)."""
     commits: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The view's commits by version: their commit info, mvsink's keys at the top level."""
+    positions: dict[int, int] = field(default_factory=dict)
+    """The position (epoch, or time) of each view commit, by version."""
     last: int | None = None
-    """The position (epoch, or time) of the newest view commit."""
+    """The position of the newest view commit."""
 
 
 def check_history(
@@ -128,7 +130,7 @@ def check_history(
             if at <= clock_at:
                 found.violations.append(f"v{version}: the view's time moved from {clock_at} to {at}")
             clock_at = at
-        found.last = at
+        found.last = found.positions[version] = at
         if (lineage, epoch) in epochs:
             found.violations.append(f"v{version}: epoch {epoch} of lineage {lineage} committed again")
         epochs.add((lineage, epoch))
@@ -198,14 +200,9 @@ def check_verdicts(
     """How many of the view's ``reports`` (``EpochReport.to_json``) said ``unchanged`` or
     ``replay`` against a version of the table, and what is wrong with them. An epoch's
     position is its time ``clock`` under a shared clock, else its epoch (the ``direct``
-    lineage, as ``check_history`` without a clock). Positions are compared as one number:
-    a clock of one part (the chaos run's one source), never parts that can be incomparable."""
-    position = {
-        version: int(json.loads(info.get("mvsink.time") or "{}").get(clock, -1))
-        if clock is not None
-        else int(info["mvsink.upper"]) - 1
-        for version, info in history.commits.items()
-    }
+    lineage), as ``history`` (``check_history`` with the same ``clock``) gives its commits'.
+    Positions are compared as one number: a clock of one part (the chaos run's one source),
+    never parts that can be incomparable."""
     found, checked, held_at = History(), 0, dict[int, Counter[Any] | None]()
     for report in reports:
         version, outcome = report.get("snapshot_version"), report.get("outcome")
@@ -225,7 +222,7 @@ def check_verdicts(
                 wrong = f"v{version} is not desired at {at}, yet nothing was written"
                 found.violations.append(f"{where}: {wrong}")
         else:
-            reached = max((p for v, p in position.items() if v <= version), default=-1)
+            reached = max((p for v, p in history.positions.items() if v <= version), default=-1)
             if reached < at:
                 found.violations.append(f"{where}: the view had only reached {reached} at v{version}")
     return checked, found.violations
