@@ -106,9 +106,23 @@ def test_a_sequence_tie_or_null_sequence_is_refused(spark, target):
     sink(spark.createDataFrame([(1, "a", 1)], WITH_SEQ), 0)
     with pytest.raises(DuplicateKeyError, match="same highest seq"):
         sink(spark.createDataFrame([(1, "x", 2), (1, "y", 2)], WITH_SEQ), 1)
-    with pytest.raises(InputError, match="null sequence"):
+    with pytest.raises(InputError, match="null or NaN sequence"):
         sink(spark.createDataFrame([(1, "x", None)], WITH_SEQ), 1)
     assert versions(target) == [0]
+
+
+def test_a_nan_sequence_is_refused_and_leaves_the_target_unchanged(spark, target, placement):
+    # Spark ranks NaN above every number within a batch, and no comparison with it holds
+    # across batches: a NaN sequence would order one key's events two ways.
+    schema = "id long, name string, seq double"
+    sink = MVSink(target, "nan", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
+    sink(spark.createDataFrame([(1, "a", 1.0)], schema), 0)
+    before = versions(target)
+    for batch in ([(1, "x", float("nan"))], [(1, "x", float("nan")), (1, "y", 2.0)], [(2, "z", float("nan"))]):
+        with pytest.raises(InputError, match="NaN sequence \\(seq\\)") as info:
+            sink(spark.createDataFrame(batch, schema), 1)
+        assert (info.value.view, info.value.epoch) == ("nan", 1)
+    assert versions(target) == before and rows_of(target) == Counter([(1, "a", 1.0)])
 
 
 def test_missing_key_column_is_a_clear_error(spark, target):

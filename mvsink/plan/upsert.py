@@ -34,6 +34,8 @@ from pyspark.sql.types import (
     BooleanType,
     ByteType,
     DateType,
+    DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -120,11 +122,17 @@ def stored_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
 
 
 def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
-    """One Spark job finding null keys, null sequences and duplicate keys."""
+    """One Spark job finding null keys, null or NaN sequences and duplicate keys. (Spark ranks
+    NaN above every number within a batch, while across batches no comparison with NaN is
+    true: a NaN sequence would order events one way now and another later.)"""
     null_key = F.lit(False)
     for k in spec.key:
         null_key = null_key | F.col(quote(k)).isNull()
-    null_seq = F.col(quote(spec.sequence_column)).isNull() if spec.sequence_column else F.lit(False)
+    null_seq = F.lit(False)
+    if spec.sequence_column:
+        seq = F.col(quote(spec.sequence_column))
+        floating = isinstance(ranked.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
+        null_seq = seq.isNull() | F.isnan(seq) if floating else seq.isNull()
     null_del = F.col(DEL).isNull()
     dup = (F.col(_RN) == 2) & (F.col(_RK) == 1)
     kind = (
@@ -145,7 +153,11 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
             f"a row has a null in key column(s) {', '.join(spec.key)}; keys must not be null", where
         )
     if "null sequence" in kinds:
-        raise InputError(f"a row has a null sequence ({spec.sequence_column})", where)
+        raise InputError(
+            f"a row has a null or NaN sequence ({spec.sequence_column}); sequences must be numbers "
+            "that order events",
+            where,
+        )
     if "null delete marker" in kinds:
         raise InputError(
             f"a row has a null delete marker ({spec.delete_column}); say true or false, so that a "
