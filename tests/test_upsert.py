@@ -118,7 +118,8 @@ def test_a_nan_sequence_is_refused_and_leaves_the_target_unchanged(spark, target
     sink = MVSink(target, "nan", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
     sink(spark.createDataFrame([(1, "a", 1.0)], schema), 0)
     before = versions(target)
-    for batch in ([(1, "x", float("nan"))], [(1, "x", float("nan")), (1, "y", 2.0)], [(2, "z", float("nan"))]):
+    nan = float("nan")
+    for batch in ([(1, "x", nan)], [(1, "x", nan), (1, "y", 2.0)], [(2, "z", nan)]):
         with pytest.raises(InputError, match="NaN sequence \\(seq\\)") as info:
             sink(spark.createDataFrame(batch, schema), 1)
         assert (info.value.view, info.value.epoch) == ("nan", 1)
