@@ -56,7 +56,7 @@ from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, release, spark_reason
 from mvsink.config import SinkOptions
 from mvsink.epoch.cadence import at_key, now_ms
-from mvsink.epoch.clock import Stall, batch_start, epoch_time
+from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time
 from mvsink.epoch.clock import transactions as clock_transactions
 from mvsink.epoch.decide import Clocked, Skip, decide
 from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
@@ -137,6 +137,9 @@ class MVSink:
         self._errors: Quarantine | None = None  # on_error = "table": the errors table's sink
         self._budget = DriverBudget()  # what collecting the view to the driver costs (placement)
         self._stall = Stall()  # under a shared clock: epochs in a row that could not advance the view
+        # A callable clock's times of the batches this sink saw, by (lineage, epoch): where the
+        # next batch starts (``clock.batch_start``). Only the last two of a lineage are kept.
+        self._clock_seen: dict[tuple[str, int], Time] = {}
         self.reports: deque[EpochReport] = deque(maxlen=1000)
         # Called with the snapshot after staging and before committing (tests use it to land
         # a competing commit in exactly that window).
@@ -346,6 +349,12 @@ class _Epoch:
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
         self.lineage = sink._lineage(lineage_of(desired, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
+        self.before = sink._clock_seen.get((self.lineage, epoch - 1))
+        if self.time is not None and callable(self.opts.clock):
+            seen = sink._clock_seen
+            seen[(self.lineage, epoch)] = self.time
+            for old in [k for k in seen if k[0] == self.lineage and k[1] < epoch - 1]:
+                del seen[old]
         self.ctx = EpochContext(desired, self.opts, self.where, sink.store, budget=sink._budget)
         self.entitled = True
         """Whether the last attempt found this sink entitled to write the view (``Skip``)."""
@@ -413,7 +422,7 @@ class _Epoch:
                 lineage=self.lineage,
                 time=self.time,
                 read_only=self.sink.read_only,
-                batch_start=lambda: batch_start(ctx.batch, self.epoch, opts, self.where),
+                batch_start=lambda: batch_start(self.epoch, opts, self.where, self.before),
                 where=self.where,
                 on_clock=self._watch_stall,
             )
@@ -584,7 +593,8 @@ class _Epoch:
         made (``cadence.py``)."""
         at = {at_key(self.opts.app_id): now_ms()}
         if self.time is not None:
-            return {**clock_transactions(self.opts.app_id, self.time), **writers.restamp(), **at}
+            clock = clock_transactions(self.opts.app_id, self.time, lineage.name, desc.upper)
+            return {**clock, **writers.restamp(), **at}
         return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
 
     def _layout(self, snap: Snapshot) -> Layout:

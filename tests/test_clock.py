@@ -404,3 +404,136 @@ def test_source_offsets_keep_a_query_on_the_file_source_exact_across_restarts(sp
     assert multiset(target_table(local_target)) == expected()
     times = [json.loads(commit_info(local_target, v)["mvsink.time"]) for v in versions(local_target)]
     assert [t["0.logOffset"] for t in times] == [0, 1, 2]
+
+
+def upsert_sink(target: str, ckpt: str, **options: object) -> MVSink:
+    return MVSink(target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=ckpt, **options)
+
+
+def test_a_new_checkpoints_first_upsert_batch_must_start_at_or_before_the_committed_time(
+    spark, tmp_path, local_target, caplog
+):
+    """A replica's first batch jumps the versions between the committed time and where it
+    started (Kafka's startingOffsets=latest, a later startingVersion): those changes would
+    never be written. Its start is read where Spark or the source recorded it."""
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    a = offsets_checkpoint(tmp_path / "a", "qa", {0: ['{"version":5,"from":-1}']})
+    assert upsert_sink(local_target, a)(rows, 0).outcome == "committed"
+    before = versions(local_target)
+    cases = {  # checkpoint -> whether its first batch may commit
+        "late": ('{"version":9,"from":8}', False),  # mvsink-delta started past 5
+        "unknown": ('{"version":9}', False),  # a query started before "from" was recorded
+        "covering": ('{"version":9,"from":4}', True),
+    }
+    for name, (offset, ok) in cases.items():
+        ckpt = offsets_checkpoint(tmp_path / name, f"q{name}", {0: [offset]})
+        if ok:
+            assert upsert_sink(local_target, ckpt)(rows, 0).outcome == "committed"
+            continue
+        with pytest.raises(LineageError, match="start") as info:
+            upsert_sink(local_target, ckpt)(rows, 0)
+        assert "on_new_lineage='adopt'" in info.value.message or "past the committed" in info.value.message
+        assert versions(local_target) == before
+    # Adopting an unknown start accepts the loss knowingly, with a WARNING.
+    caplog.set_level("WARNING", logger="mvsink")
+    adopted = offsets_checkpoint(tmp_path / "adopted", "qad", {0: ['{"version":12}']})
+    assert upsert_sink(local_target, adopted, on_new_lineage="adopt")(rows, 0).outcome == "committed"
+    assert any("start is unknown" in r.getMessage() for r in caplog.records)
+
+
+def test_a_kafka_querys_first_batch_starts_at_its_recorded_initial_offsets(spark, tmp_path, local_target):
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    a = offsets_checkpoint(tmp_path / "a", "qa", {0: ['{"t":{"0":5,"1":2}}']})
+    (Path(a) / "sources" / "0").mkdir(parents=True)
+    (Path(a) / "sources" / "0" / "0").write_bytes(b'\x00v1\n{"t":{"0":0,"1":0}}')
+    assert upsert_sink(local_target, a)(rows, 0).outcome == "committed"
+    before = versions(local_target)
+
+    def replica(name: str, initial: bytes | None) -> MVSink:
+        ckpt = offsets_checkpoint(tmp_path / name, name, {0: ['{"t":{"0":9,"1":4}}']})
+        if initial is not None:
+            (Path(ckpt) / "sources" / "0").mkdir(parents=True)
+            (Path(ckpt) / "sources" / "0" / "0").write_bytes(initial)
+        return upsert_sink(local_target, ckpt)
+
+    with pytest.raises(LineageError, match="past the committed"):  # startingOffsets=latest
+        replica("latest", b'\x00v1\n{"t":{"0":7,"1":2}}')(rows, 0)
+    with pytest.raises(LineageError, match="start is unknown"):  # nothing recorded
+        replica("none", None)(rows, 0)
+    assert versions(local_target) == before
+    assert replica("earliest", b'\x00v1\n{"t":{"0":0,"1":0}}')(rows, 0).outcome == "committed"
+
+
+def test_a_callable_clocks_upsert_batch_with_an_unknown_start_is_refused(spark, local_target):
+    """A callable clock says where batches end: a batch starts where the clock put the batch
+    before it (seen in this process), or where its own lineage's last commit left the view."""
+    now = {"t": 5}
+
+    def sink(lineage: str) -> MVSink:
+        clock = lambda df, e: dict(now)  # noqa: E731
+        return MVSink(local_target, "u", mode="upsert", key=["id"], clock=clock, lineage=lineage)
+
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    assert sink("a")(rows, 0).outcome == "committed"  # the first commit under the clock
+    b = sink("b")
+    now["t"] = 9
+    with pytest.raises(LineageError, match="start is unknown"):
+        b(rows, 0)
+    now["t"] = 6
+    assert sink("a")(rows, 1).outcome == "committed"  # a restart of "a" continues its own commit
+    now["t"] = 10
+    with pytest.raises(LineageError, match="past the committed"):  # b's epoch 0 ended at 9 > 6
+        b(rows, 1)
+    assert sink("a")(rows, 2).outcome == "committed"  # "a" moves the view to 10
+    now["t"] = 11
+    assert b(rows, 2).outcome == "committed"  # starts where its epoch 1 ended: 10, committed
+
+
+@pytest.mark.spark4("the queries read mvsink-delta, a Python data source")
+def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_it_commits(
+    spark, tmp_path, local_target
+):
+    """The defect end to end: replica A upserts source versions 0..2; versions 3..5 change
+    keys; a new query starting at version 5 would jump 3 and 4 for good. mvsink-delta records
+    where each query started (its offsets' ``from``), so that query fails before writing, and
+    one started at version 3 writes everything."""
+    from mvsink.sources.reader import register
+
+    register(spark)
+    source = str(tmp_path / "source")
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    write_deltalake(source, pa.table({"id": [1, 2], "v": ["a0", "b0"]}, schema=schema))
+    for v in (1, 2):
+        write_deltalake(source, pa.table({"id": [v], "v": [f"v{v}"]}, schema=schema), mode="append")
+
+    def run(name: str, **options: str) -> Exception | None:
+        ckpt = str(tmp_path / name)
+        reader = spark.readStream.format("mvsink-delta").option("path", source)
+        reader = reader.option("maxVersionsPerTrigger", "1")  # a key changes once a batch
+        for k, val in options.items():
+            reader = reader.option(k, val)
+        sink = upsert_sink(local_target, ckpt)
+        query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+        started = query.trigger(availableNow=True).start()
+        try:
+            started.awaitTermination(300)
+        except Exception as exc:
+            return exc
+        return started.exception()
+
+    assert run("a") is None
+    assert multiset(target_table(local_target)) == Counter([(1, "v1"), (2, "v2")])
+    for v in (3, 4, 5):  # key 2 changes at 3, key 1 at 4, key 9 appears at 5
+        write_deltalake(
+            source, pa.table({"id": [{3: 2, 4: 1, 5: 9}[v]], "v": [f"v{v}"]}, schema=schema), mode="append"
+        )
+    before = versions(local_target)
+    failed = run("late", startingVersion="5")
+    assert failed is not None and "past the committed source offsets" in str(failed)
+    assert versions(local_target) == before
+    assert json.loads((tmp_path / "late" / "offsets" / "0").read_text().splitlines()[2]) == {
+        "version": 5,
+        "from": 4,
+    }
+    assert run("covering", startingVersion="3") is None
+    assert multiset(target_table(local_target)) == Counter([(1, "v4"), (2, "v3"), (9, "v5")])

@@ -9,9 +9,10 @@ that each only grow, in each source kind's own order:
 
 * Delta's streaming source (``{"reservoirVersion": v, "index": i, ...}``) is ordered by
   ``(v, i)`` lexicographically (``i`` restarts as ``v`` grows): one part ``"<n>.delta"``;
-* any other source (``mvsink-delta``'s ``{"version": n}``, Kafka's
-  ``{"topic": {"partition": offset}}``, files' ``{"logOffset": n}``, a plain number) has a part
-  per integer leaf, by dotted name (``"0.version"``, ``"1.topic.3"``);
+* ``mvsink-delta``'s ``{"version": n, "from": s}`` is ordered by ``n``: one part
+  ``"<n>.version"`` (``s``, where the query started, is no part of its time);
+* any other source (Kafka's ``{"topic": {"partition": offset}}``, files' ``{"logOffset": n}``,
+  a plain number) has a part per integer leaf, by dotted name (``"1.topic.3"``);
 * a source without an offset yet (``-``) has no parts.
 
 A part one time has and the other lacks counts as below every offset there: a source's first
@@ -19,13 +20,25 @@ offset, or a Kafka topic's new partition, starts from nothing. ``clock = callabl
 ``(batch_df, batch_id) -> int | dict`` gives the time any other way.
 
 The time of the last commit is kept in the target as app transactions ``mvsink:<view>~<part>``
-(and ``~parts``, how many it had). An epoch commits only if it is **ahead**: at or beyond the
+(and ``~#parts``, how many it had; ``~#by`` and ``~#upper``, the lineage and the upper of the
+commit that recorded it). An epoch commits only if it is **ahead**: at or beyond the
 committed time in every part and beyond in at least one. Behind or incomparable (the replicas
 disagree on which is later), it writes nothing. So active-active replicas with separate
 checkpoints never move the view back, and each committed version holds desired as of the time
-it records. An epoch that stays behind or incomparable while the committed time does not move
-is a **stall** (``Stall``): a WARNING each epoch naming both times, and ``mvsink status`` shows
-it.
+it records.
+
+In upsert mode a batch carries only the changes between where it starts and where it ends, so
+it may commit only if it **starts** at or before the committed time (``batch_start``): a batch
+starting past it would jump the changes in between, which nobody would ever write. Where a
+batch starts is the end of the batch before it in its checkpoint; for a query's first batch,
+where Spark or the source recorded it (Kafka's initial offsets in ``sources/<n>/0``,
+``mvsink-delta``'s ``from``, Delta's source reading its first snapshot whole, a source with no
+offset yet); for a callable clock, the time it gave the batch before (in this process). A batch
+whose start is unknown cannot prove it covers the committed time, unless the committed time is
+its own lineage's previous batch's (``continues``).
+
+An epoch that stays behind or incomparable while the committed time does not move is a
+**stall** (``Stall``): a WARNING each epoch naming both times, and ``mvsink status`` shows it.
 """
 
 from __future__ import annotations
@@ -125,6 +138,8 @@ def source_parts(name: str, offset: Any, where: Where) -> dict[str, int]:
         ):
             raise ConfigError(f"source {name}: a Delta offset mvsink cannot order: {offset}", where)
         return {f"{name}.delta": version << _DELTA_INDEX_BITS | rank}
+    if isinstance(offset, Mapping) and set(offset) == {"version", "from"}:  # mvsink-delta
+        offset = {"version": offset["version"]}
     parts = flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
     if not parts:
         raise ConfigError(
@@ -142,7 +157,7 @@ def epoch_time(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -
         return None
     if callable(clock):
         parts = flatten(clock(batch, epoch), where)
-        reserved = [k for k in parts if k in (_PARTS, "names") or k.startswith("names@")]
+        reserved = [k for k in parts if k == "names" or k.startswith(("names@", "#"))]
         if reserved:
             raise ConfigError(f"the clock names a part {reserved[0]!r}: mvsink keeps that name", where)
         return Time.of(parts)
@@ -151,12 +166,90 @@ def epoch_time(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -
     return _offsets(opts, epoch, where)
 
 
-def batch_start(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -> Time | None:
-    """Where the batch's data starts: the end offsets of the batch before it (None: the
-    first batch, or a callable clock, which says only where batches end)."""
-    if opts.clock != "source_offsets" or epoch == 0:
+def batch_start(epoch: int, opts: EpochOptions, where: Where, before: Time | None = None) -> Time | None:
+    """Where the batch's data starts (see the module doc), or None where that is not known.
+    ``before``: a callable clock's time of the batch before this one, if this process saw it."""
+    if callable(opts.clock):
+        return before
+    if opts.clock != "source_offsets":
         return None
-    return _offsets(opts, epoch - 1, where)
+    if epoch > 0:
+        return _offsets(opts, epoch - 1, where)
+    return _first_start(opts, where)
+
+
+def _first_start(opts: EpochOptions, where: Where) -> Time | None:
+    """Where a query's first batch starts, source by source, from what its checkpoint holds
+    (None: some source's start is not recorded)."""
+    assert opts.checkpoint is not None
+    lines = read_checkpoint_file(opts.checkpoint, "offsets/0", opts.storage_options, where).splitlines()
+    out: dict[str, int] = {}
+    for i, line in enumerate(lines[2:]):
+        if line.strip() == "-":
+            continue  # no offset yet: the batch starts from nothing
+        end = json.loads(line)
+        name = str(i)
+        if isinstance(end, Mapping) and "version" in end and "from" in end:  # mvsink-delta
+            out[f"{name}.version"] = int(end["from"])
+        elif isinstance(end, Mapping) and "reservoirVersion" in end:
+            # Delta's own source reads the table's snapshot whole in its first batch, unless it
+            # was told a startingVersion (then the offset says nothing of where it started).
+            if end.get("isStartingVersion") is not True:
+                return None
+        elif isinstance(end, Mapping) and set(end) == {"logOffset"}:
+            pass  # the file source: offsets count its own checkpoint's log, from nothing
+        elif _is_kafka(end):
+            start = _kafka_initial(opts, i, where)
+            if start is None:
+                return None
+            out.update(source_parts(name, start, where))
+        else:
+            return None
+    return Time.of(out)
+
+
+def _is_kafka(offset: Any) -> bool:
+    """Kafka's offset shape: topic -> partition -> offset."""
+    return (
+        isinstance(offset, Mapping)
+        and bool(offset)
+        and all(
+            isinstance(p, Mapping) and all(isinstance(o, int) and not isinstance(o, bool) for o in p.values())
+            for p in offset.values()
+        )
+    )
+
+
+def _kafka_initial(opts: EpochOptions, source: int, where: Where) -> Any:
+    """The initial offsets Spark's Kafka source recorded for the query (``sources/<n>/0``: a
+    zero byte, ``v1``, then the offsets as JSON), or None without them."""
+    assert opts.checkpoint is not None
+    try:
+        text = read_checkpoint_file(opts.checkpoint, f"sources/{source}/0", opts.storage_options, where)
+    except ConfigError:
+        return None
+    lines = text.lstrip("\x00").split("\n", 1)
+    if len(lines) != 2 or lines[0].strip() != "v1":
+        return None
+    try:
+        offsets = json.loads(lines[1])
+    except ValueError:
+        return None
+    return offsets if _is_kafka(offsets) else None
+
+
+def continues(snap: Snapshot, app_id: str, lineage: str, epoch: int) -> bool:
+    """Whether the committed time is the one ``lineage`` recorded for ``epoch - 1``: then
+    ``epoch`` starts exactly where the view stands."""
+    return (
+        snap.transaction(f"{app_id}~{_BY}") == lineage_tag(lineage)
+        and snap.transaction(f"{app_id}~{_UPPER}") == epoch
+    )
+
+
+def lineage_tag(lineage: str) -> int:
+    """A lineage as a non-negative app transaction version."""
+    return int(hashlib.sha256(lineage.encode()).hexdigest()[:15], 16)
 
 
 def flatten(value: Any, where: Where, prefix: str = "") -> dict[str, int]:
@@ -180,6 +273,8 @@ def flatten(value: Any, where: Where, prefix: str = "") -> dict[str, int]:
 _OTHER_PARTS = "(parts this time lacks)"
 _MISSING = -(2**63)  # below every offset: where a time has no such part
 _PARTS = "#parts"  # a name no part has (parts are dotted names of offsets' fields)
+_BY = "#by"  # the lineage whose commit recorded the committed time
+_UPPER = "#upper"  # and that commit's upper
 
 
 def committed_time(snap: Snapshot, app_id: str, time: Time) -> Time | None:
@@ -238,13 +333,16 @@ def compare(time: Time, committed: Time | None) -> Verdict:
     return "ahead" if ahead else "behind" if behind else "same"
 
 
-def transactions(app_id: str, time: Time) -> dict[str, int]:
+def transactions(app_id: str, time: Time, lineage: str, upper: int) -> dict[str, int]:
     """The app transactions recording ``time`` as the committed time: its parts and their
-    number. (``~names`` = -1 matches no tag of mvsink before parts were counted: a replica
-    still running such a version finds the committed time incomparable and writes nothing.)"""
+    number, and the lineage and upper of the commit (``continues``). (``~names`` = -1 matches
+    no tag of mvsink before parts were counted: a replica still running such a version finds
+    the committed time incomparable and writes nothing.)"""
     return {
         **{f"{app_id}~{k}": v for k, v in time.items()},
         f"{app_id}~{_PARTS}": len(time),
+        f"{app_id}~{_BY}": lineage_tag(lineage),
+        f"{app_id}~{_UPPER}": upper,
         f"{app_id}~names": -1,
     }
 

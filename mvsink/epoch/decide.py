@@ -16,8 +16,10 @@ written. Each reason is decided here, once, in this order:
 5. ``between_refreshes``: ``refresh_every`` is set and no refresh is due. Complete mode
    only; a commit that must land (see ``Commit.always``) is never held back.
 6. A gap: in upsert or append mode, epochs between the frontier and this one that never
-   committed would lose their rows. That raises ``LineageError``, or with ``allow_gaps`` logs
-   a WARNING and commits.
+   committed would lose their rows; under a shared clock, so would a batch that starts past
+   the committed time, or whose start is unknown (``clock.batch_start``). That raises
+   ``LineageError``, or with ``allow_gaps`` logs a WARNING and commits (an unknown start
+   also with ``on_new_lineage = "adopt"``, which accepts the loss knowingly).
 
 A ``Commit`` says whether it lands even with an empty correction (``always``). Otherwise an
 empty correction writes no version when no heartbeat is due (``cadence.py``): the report
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mvsink.epoch.cadence import Cadence, at_key
-from mvsink.epoch.clock import Time, Verdict, committed_time, compare
+from mvsink.epoch.clock import Time, Verdict, committed_time, compare, continues
 from mvsink.epoch.lineage import Lineage, Writers
 from mvsink.epoch.mint import BatchDescription, mint
 from mvsink.epoch.options import EpochOptions
@@ -153,7 +155,8 @@ def decide(
         if not _due(opts.refresh, snap, desc, held, opts):
             return Skip("between_refreshes")
         always = True  # a refresh commits even when nothing changed: the next one counts from it
-    _check_gap(desc, epoch, opts, clock, batch_start, where)
+    continued = clock is not None and continues(snap, opts.app_id, lineage, epoch)
+    _check_gap(desc, epoch, opts, None if continued else clock, batch_start, where)
     always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
     return Commit(desc, held, writers, always)
 
@@ -200,16 +203,32 @@ def _check_gap(
         )
     elif desc.clocked:
         # The batch covers (its start, its end]: rows between the committed time and its
-        # start were never written by anyone.
+        # start were never written by anyone. (No clock here: the committed time is this
+        # lineage's previous batch's, where this one starts.)
         committed = None if clock is None else clock.committed
-        start = batch_start()
-        if committed is None or start is None or compare(start, committed) in ("behind", "same"):
+        if committed is None:
             return
-        message = (
-            f"this batch starts at {start}, past the committed source offsets {committed}: in "
-            f"{opts.mode} mode the rows in between would be missing (a replica that skipped "
-            "batches, or a standby that started late)"
-        )
+        start = batch_start()
+        if start is None:
+            message = (
+                f"this batch's start is unknown (a query's first batch whose sources did not "
+                f"record where it started, or a callable clock's first batch in this process), so "
+                f"it cannot prove it covers the committed time {committed}: in {opts.mode} mode the "
+                "rows in between could be missing. Start the query from the committed offsets "
+                "(mvsink status shows them: Kafka's startingOffsets, mvsink-delta's "
+                "startingVersion), or set on_new_lineage='adopt' to accept that loss knowingly"
+            )
+            if opts.new_lineage_policy == "adopt":
+                log.warning("%s: %s; adopted", where, message)
+                return
+        elif compare(start, committed) in ("behind", "same"):
+            return
+        else:
+            message = (
+                f"this batch starts at {start}, past the committed source offsets {committed}: in "
+                f"{opts.mode} mode the rows in between would be missing (a replica that skipped "
+                "batches, or a standby that started late)"
+            )
     elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
         return
     else:

@@ -12,8 +12,10 @@ local disk or an object store) as a stream whose offset is the Delta version::
 
 Each micro-batch reads the versions after the last one it read, up to the latest (at most
 ``maxVersionsPerTrigger`` of them when given), from ``startingVersion`` (default 0) on. The
-offset, ``{"version": v}``, is the same for every query reading the table, which is what
-replicas need to share a clock. Versions are read from the commit files of the Delta log
+offset, ``{"version": v, "from": s}``, orders batches by ``v``, the same for every query
+reading the table, which is what replicas need to share a clock; ``s`` is the version before
+the query's first (``startingVersion - 1``), so its checkpoint says where its first batch
+started. Versions are read from the commit files of the Delta log
 through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
 
 - ``"appends"`` (default): the rows of the files each version *adds with a data change*. A
@@ -229,7 +231,10 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.until: int | None = None  # availableNow: the version latest when the run began
 
     def initialOffset(self) -> dict[str, int]:
-        return {"version": self.start - 1}
+        # "from": where this query's first batch starts, carried in every offset so that the
+        # checkpoint records it (a shared clock learns the first batch's start from it:
+        # ``clock.batch_start``). Spark records no initial offset of a Python source.
+        return {"version": self.start - 1, "from": self.start - 1}
 
     def _latest(self) -> int:
         table = DeltaTable(self.store.root, storage_options=dict(self.store.options) or None)
@@ -252,6 +257,8 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = max(latest, int(start["version"]))
             if cap:
                 latest = min(latest, int(start["version"]) + int(cap))
+        if start is not None and "from" in start:  # (a query started before "from" lacks it)
+            return {"version": latest, "from": int(start["from"])}
         return {"version": latest}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
