@@ -69,6 +69,11 @@ class SinkOptions(_Frozen):
     sequence_column: str | None = None
     """Upsert mode: within a batch the highest value wins per key, and a row older than the one
     stored for its key is ignored. Without it, a key twice in one batch is an error."""
+    tombstone_retention: str | None = None
+    """Upsert mode with ``sequence_column`` and ``delete_column``: how long a deleted key's
+    tombstone is kept (a duration: ``"7d"``, ``"12h"``), during which an event older than the
+    delete never brings the key back (``tombstones.py``). Default: the table's
+    ``delta.deletedFileRetentionDuration`` (7 days unset)."""
     partition_by: tuple[str, ...] | None = None
     """Partition columns of a new target (Hive-style folders). None: a new target is not
     partitioned and an existing one keeps its partitioning; given, it must match the target's."""
@@ -186,6 +191,13 @@ class SinkOptions(_Frozen):
             Cadence.parse(v)
         return v
 
+    @field_validator("tombstone_retention")
+    @classmethod
+    def _check_retention(cls, v: str | None) -> str | None:
+        if v is not None and Cadence.parse(v).seconds is None:
+            raise ValueError(f"expected a duration like '7d' or '12h', got {v!r}")
+        return v
+
     @field_validator("cluster_by")
     @classmethod
     def _check_cluster_by(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -205,6 +217,11 @@ class SinkOptions(_Frozen):
                     raise ValueError(f"option {option!r}: {getattr(self, option)!r} is a key column")
             if self.delete_column is not None and self.delete_column == self.sequence_column:
                 raise ValueError("option 'sequence_column': it is the delete column too")
+            if self.tombstone_retention is not None and not (self.delete_column and self.sequence_column):
+                raise ValueError(
+                    "option 'tombstone_retention': tombstones are kept only with both "
+                    "sequence_column and delete_column"
+                )
         else:
             for option in ("key", "delete_column", "sequence_column"):
                 if getattr(self, option):

@@ -79,6 +79,7 @@ from mvsink.plan.append import Append
 from mvsink.plan.complete import Complete
 from mvsink.plan.context import DriverBudget, EpochContext
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
+from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
 from mvsink.table.catalog import is_path, locate
@@ -137,6 +138,7 @@ class MVSink:
         self._errors: Quarantine | None = None  # on_error = "table": the errors table's sink
         self._budget = DriverBudget()  # what collecting the view to the driver costs (placement)
         self._stall = Stall()  # under a shared clock: epochs in a row that could not advance the view
+        self._tombstones = Tombstones()  # upsert mode: the view's tombstone sets read or written
         # A callable clock's times of the batches this sink saw, by (lineage, epoch): where the
         # next batch starts (``clock.batch_start``). Only the last two of a lineage are kept.
         self._clock_seen: dict[tuple[str, int], Time] = {}
@@ -362,7 +364,7 @@ class _Epoch:
         if self.opts.mode == "complete":
             self.mode = Complete(self.ctx, sink._index)
         elif self.opts.mode == "upsert":
-            self.mode = Upsert(self.ctx)
+            self.mode = Upsert(self.ctx, sink._tombstones)
         else:
             self.mode = Append(self.ctx)
 
@@ -479,7 +481,10 @@ class _Epoch:
                         schema_json=layout.schema_json,
                         partition_by=layout.partition_by,
                         where=self.where,
-                        transactions=self._transactions(desc, decision.lineage, decision.writers),
+                        transactions={
+                            **self._transactions(desc, decision.lineage, decision.writers),
+                            **(staged.side.transactions if staged.side is not None else {}),
+                        },
                         _after_call=self.sink._after_commit_call,
                     )
             except ConflictError as exc:
@@ -575,14 +580,17 @@ class _Epoch:
         """Every staged file (data, change and deletion-vector files) is in storage, whole,
         before a commit may reference it."""
         files = [*staged.adds, *staged.changes, *vector_files(f.deletion_vector for f in staged.updates)]
+        gone: list[str] = []
+        if staged.side is not None and self.ctx.store.get(staged.side.path) is None:
+            gone.append(staged.side.path)
         if staged.folder and files:
-            gone = self.ctx.store.missing(staged.folder, files)
-            if gone:
-                raise InvariantViolation(
-                    f"{len(gone)} staged file(s) are missing or changed before the commit (e.g. "
-                    f"{gone[0]}); was a vacuum with a short retention running? Nothing was committed.",
-                    self.where,
-                )
+            gone += self.ctx.store.missing(staged.folder, files)
+        if gone:
+            raise InvariantViolation(
+                f"{len(gone)} staged file(s) are missing or changed before the commit (e.g. "
+                f"{gone[0]}); was a vacuum with a short retention running? Nothing was committed.",
+                self.where,
+            )
 
     def _discard(self, staged: Staged, plan: Plan) -> None:
         discard(staged, self.ctx.store, plan.index)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 
-from mvsink import DuplicateKeyError, InputError, MVSink, frontier
+from mvsink import ConfigError, DuplicateKeyError, InputError, MVSink, frontier, status
 from mvsink.table.delta import foreign_append, foreign_delete
+from mvsink.table.storage import Store
 from tests.helpers import added, exists, live_files, multiset, once, removed, target_table, versions
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
@@ -215,3 +217,108 @@ def test_stored_rows_with_a_null_sequence_are_older_than_any_event(spark, target
     # Key 1: the stored seq 3 is newer than 2 and stays; the null-sequence copy goes.
     # Key 3: the event beats a stored row without a sequence.
     assert rows_of(target) == Counter([(1, "a", 3), (2, "b", 1), (3, "c", 0)])
+
+
+TOMB = "id long, v string, seq long, del boolean"
+
+
+def tombstoning(target: str, placement: str = "driver", **options: object) -> MVSink:
+    return MVSink(
+        target,
+        "t",
+        mode="upsert",
+        key=["id"],
+        sequence_column="seq",
+        delete_column="del",
+        placement=placement,
+        **options,
+    )
+
+
+def test_a_deleted_key_never_comes_back_from_a_late_event(spark, target, placement):
+    """A delete leaves a tombstone (key, sequence): an older event for the key is ignored, a
+    newer one inserts it again. The tombstone is not a row of the view, and outlives the
+    sink (a restart reads it from the table)."""
+    sink = tombstoning(target, placement)
+    sink(spark.createDataFrame([(1, "a", 10, False), (2, "b", 10, False)], TOMB), 0)
+    # Key 1 deleted at 12; key 5, never seen, deleted at 20.
+    sink(spark.createDataFrame([(1, None, 12, True), (5, None, 20, True)], TOMB), 1)
+    assert rows_of(target) == Counter([(2, "b", 10)])
+    restarted = tombstoning(target, placement)
+    events = [(1, "late", 11, False), (5, "late", 19, False), (2, "b2", 11, False)]
+    late = restarted(spark.createDataFrame(events, TOMB), 2)
+    assert rows_of(target) == Counter([(2, "b2", 11)])
+    assert (late.inserted, late.retracted) == (1, 1)
+    assert status(target).views[0].tombstones == 2
+    # An equal sequence is not older (as for stored rows); a newer one re-inserts and clears.
+    restarted(spark.createDataFrame([(1, "again", 12, False), (5, "new", 21, False)], TOMB), 3)
+    assert rows_of(target) == Counter([(1, "again", 12), (2, "b2", 11), (5, "new", 21)])
+    assert status(target).views[0].tombstones == 0
+    # Readers of the view never see a tombstone: every version holds only view rows.
+    for v in versions(target):
+        assert target_table(target, v).column_names == ["id", "v", "seq"]
+
+
+def test_a_delete_and_its_tombstone_land_together_or_not_at_all(spark, target):
+    sink = tombstoning(target)
+    sink(spark.createDataFrame([(1, "a", 10, False)], TOMB), 0)
+    before = versions(target)
+
+    def crash(_snap: object) -> None:
+        raise RuntimeError("the driver died before the commit")
+
+    sink._before_commit = crash
+    with pytest.raises(RuntimeError, match="driver died"):
+        sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
+    assert versions(target) == before and rows_of(target) == Counter([(1, "a", 10)])
+    assert tombstone_files(target) == []  # the attempt's tombstone file went with it
+    sink._before_commit = None
+    sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
+    assert rows_of(target) == Counter() and len(tombstone_files(target)) == 1
+    sink(spark.createDataFrame([(1, "late", 11, False)], TOMB), 2)
+    assert rows_of(target) == Counter()
+
+
+def test_a_racing_replica_replans_against_the_tombstones_that_landed(spark, target):
+    """Replicas under a shared clock: b's late event loses the commit race to a's delete, and
+    its retry decides against the tombstone that landed, not the one it planned with."""
+    now = {"t": 1}
+    clock = lambda df, epoch: dict(now)  # noqa: E731
+    a = tombstoning(target, clock=clock, lineage="a")
+    b = tombstoning(target, clock=clock, lineage="b", allow_gaps=True)
+    a(spark.createDataFrame([(1, "a", 10, False)], TOMB), 0)
+
+    def delete_first() -> None:
+        now["t"] = 2
+        assert a(spark.createDataFrame([(1, None, 12, True)], TOMB), 1).outcome == "committed"
+
+    b._before_commit = once(delete_first)
+    now["t"] = 3
+    report = b(spark.createDataFrame([(1, "late", 11, False)], TOMB), 0)
+    assert (report.outcome, report.attempts) == ("committed", 2)
+    assert rows_of(target) == Counter()
+
+
+def test_tombstones_past_their_retention_are_dropped(spark, target, placement):
+    sink = tombstoning(target, placement, tombstone_retention="1s")
+    sink(spark.createDataFrame([(1, "a", 10, False), (2, "b", 10, False)], TOMB), 0)
+    sink(spark.createDataFrame([(1, None, 12, True), (2, None, 12, True)], TOMB), 1)
+    assert status(target).views[0].tombstones == 2
+    time.sleep(1.5)
+    # Past the retention, an event older than the delete inserts its key again.
+    sink(spark.createDataFrame([(1, "late", 11, False)], TOMB), 2)
+    assert rows_of(target) == Counter([(1, "late", 11)])
+    assert status(target).views[0].tombstones == 0
+
+
+def test_tombstone_options_are_checked(target):
+    with pytest.raises(ConfigError, match="tombstone_retention"):
+        MVSink(target, "t", mode="upsert", key=["id"], sequence_column="seq", tombstone_retention="7d")
+    with pytest.raises(ConfigError, match="duration"):
+        tombstoning(target, tombstone_retention="3")
+
+
+def tombstone_files(target: str) -> list[str]:
+    from mvsink.plan.tombstones import folder
+
+    return sorted(Store(target, {}).files(folder("t")))

@@ -21,6 +21,7 @@ from typing import Any
 from mvsink.epoch.cadence import at_key
 from mvsink.epoch.clock import stall_notes
 from mvsink.errors import Where
+from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
 from mvsink.table.delta import history as delta_history
 from mvsink.table.delta import load_snapshot, metadata_int
@@ -63,6 +64,12 @@ class ViewStatus:
     """Of those, commits that lost at least one commit race before landing."""
     conflicts: int
     """Commit races lost by those commits in all."""
+    committed_time: dict[str, int] | None = None
+    """Under a shared clock, the source offsets of the view's last commit within the history
+    read (``clock.py``): where a new replica's query must start, or earlier."""
+    tombstones: int | None = None
+    """Upsert mode with sequences and deletes: the deleted keys the view remembers
+    (``tombstones.py``), within their retention or not yet dropped. None: it keeps none."""
     stalled: tuple[dict[str, Any], ...] = ()
     """Sinks of the view stalled under a shared clock (``clock.Stall``): each says its writer,
     lineage, the epoch it stalled ``since_epoch``, its last ``epoch``, ``time``, the
@@ -112,6 +119,10 @@ class Status:
                 f"{v.active_writer or '(none: every replica writes)'}; {v.commits} commit(s) read, "
                 f"{v.retried_commits} retried, {v.conflicts} race(s) lost"
             )
+            if v.committed_time is not None:
+                lines.append(f"    committed source offsets {json.dumps(v.committed_time, sort_keys=True)}")
+            if v.tombstones is not None:
+                lines.append(f"    {v.tombstones:,} tombstone(s) of deleted keys")
             for note in v.stalled:
                 lines.append(
                     f"    STALLED: writer {note.get('writer')} (lineage {note.get('lineage')}) wrote nothing "
@@ -147,7 +158,7 @@ def status(
         names = [name]
     assert snap.version is not None
     store = Store(snap.root, options)
-    views = tuple(_view(snap, n, commits, stall_notes(store, snap, n)) for n in names)
+    views = tuple(_view(snap, n, commits, stall_notes(store, snap, n), store) for n in names)
     return Status(
         target=target,
         table_version=snap.version,
@@ -161,7 +172,9 @@ def status(
     )
 
 
-def _view(snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dict[str, Any]]) -> ViewStatus:
+def _view(
+    snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dict[str, Any]], store: Store
+) -> ViewStatus:
     app = f"mvsink:{view}"
     mine = [c for c in commits if c.get("mvsink.view") == view and "mvsink.epoch" in c]
     newest = max(mine, key=lambda c: int(c["version"])) if mine else None
@@ -195,5 +208,7 @@ def _view(snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dic
         commits=len(mine),
         retried_commits=sum(1 for a in attempts if a > 1),
         conflicts=sum(a - 1 for a in attempts),
+        committed_time=json.loads(newest["mvsink.time"]) if newest and "mvsink.time" in newest else None,
+        tombstones=tombstones.count(store, snap, view),
         stalled=tuple(stalled),
     )

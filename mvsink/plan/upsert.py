@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -45,11 +45,14 @@ from pyspark.sql.types import (
 )
 
 from mvsink.compat import release, to_arrow
+from mvsink.epoch.cadence import now_ms
 from mvsink.errors import DuplicateKeyError, InputError, Where
+from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
 from mvsink.plan.prune import candidate_files, files_in_ranges
 from mvsink.plan.rules import rules_for
+from mvsink.plan.tombstones import Changes, NewSet, Tombstones
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
 from mvsink.table.storage import Store
@@ -178,13 +181,23 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
 class Upsert:
     """Plans upsert-mode attempts of one epoch (see the module doc)."""
 
-    def __init__(self, ctx: EpochContext) -> None:
+    def __init__(self, ctx: EpochContext, tombstones: Tombstones) -> None:
         self.ctx = ctx
         opts = ctx.opts
         self.spec = UpsertSpec(opts.key, opts.delete_column, opts.sequence_column)
+        self.tombstones = tombstones
+        """The sink's tombstone sets (with both a sequence and a delete column), else unused."""
         self.ranked: DataFrame | None = None
         self.touched: pa.Table | None = None
         self.attempt: list[DataFrame] = []
+        self.made: NewSet | None = None
+        self.since = 0
+        """Tombstones made before this (ms) are past the retention: as if dropped."""
+        self.expired = False
+
+    @property
+    def keeps_tombstones(self) -> bool:
+        return self.spec.sequence_column is not None and self.spec.delete_column is not None
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx, schema = self.ctx, layout.struct
@@ -193,17 +206,25 @@ class Upsert:
             if self.ranked is None:
                 self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)
             ctx.enforce(stored_rows(self.ranked, schema), rules)
-        if not snap.files and self.touched is None:
-            return Plan(stored_rows(self.ranked, schema), None)
+        tombs = self._tombstones(snap, layout)
+        self.made = None
+        if not snap.files and self.touched is None and (tombs is None or tombs.num_rows == 0):
+            plan = Plan(stored_rows(self.ranked, schema), None)
+            if tombs is None:
+                return plan
+            with ctx.phase("tombstones"):
+                deletes = to_arrow(self._winners().where(F.col(DEL)).select(*self._held()))
+            cleared = deletes.select(list(self.spec.key)).slice(0, 0)
+            return self._with_tombstones(plan, snap, tombs, Changes(deletes, cleared))
         self._release_attempt()
         if self.touched is None and ctx.placement(snap) == "distributed":
-            return self._plan_distributed(snap, layout)
+            return self._plan_distributed(snap, layout, tombs)
         if self.touched is None:
             with ctx.phase("collect"):
                 cols = [F.col(quote(c)) for c in schema.names]
-                table = ctx.collect(self.ranked.where(F.col(_RN) == 1).select(*cols, F.col(DEL)))
+                table = ctx.collect(self._winners().select(*cols, F.col(DEL)))
                 if table is None:  # too big for the driver
-                    return self._plan_distributed(snap, layout)
+                    return self._plan_distributed(snap, layout, tombs)
                 ctx.batch_ran = True  # the touched keys were collected from the whole batch
             with ctx.phase("fingerprint"):
                 rows = table.select(schema.names).cast(layout.arrow)
@@ -220,7 +241,7 @@ class Upsert:
             stored = _stored(tables, touched, self.spec)
         ctx.files_read += len(files)
         with ctx.phase("diff"):
-            insert, drop_file, drop_pos = _decide(touched, stored, self.spec)
+            insert, drop_file, drop_pos, changes = _decide(touched, stored, self.spec, tombs)
         rewrites = []
         if len(drop_file):
             order = np.lexsort((drop_pos, drop_file))
@@ -233,14 +254,52 @@ class Upsert:
                 rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
         n = int(insert.sum())
         inserts = touched.filter(pa.array(insert)).select(schema.names) if n else None
-        return Plan(inserts, n, tuple(rewrites))
+        return self._with_tombstones(Plan(inserts, n, tuple(rewrites)), snap, tombs, changes)
+
+    def _winners(self) -> DataFrame:
+        assert self.ranked is not None
+        return self.ranked.where(F.col(_RN) == 1)
+
+    def _held(self) -> list[Column]:
+        """The key and sequence columns: what a tombstone holds."""
+        assert self.spec.sequence_column is not None
+        return [F.col(quote(c)) for c in (*self.spec.key, self.spec.sequence_column)]
+
+    def _tombstones(self, snap: Snapshot, layout: Layout) -> pa.Table | None:
+        """The view's tombstones at ``snap`` still within the retention (None: this view keeps
+        none); ``self.expired`` says whether the set held older ones."""
+        if not self.keeps_tombstones:
+            return None
+        assert self.spec.sequence_column is not None
+        ctx = self.ctx
+        with ctx.phase("tombstones"):
+            shape = tombstones.schema_of(layout.arrow, self.spec.key, self.spec.sequence_column)
+            held = self.tombstones.load(snap, ctx.store, ctx.opts.name, ctx.opts.app_id, shape, ctx.where)
+            retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration)
+            self.since = now_ms() - retention
+            live = held.filter(pc.greater_equal(held.column(tombstones.DELETED_AT), self.since))
+            self.expired = live.num_rows < held.num_rows
+            return live
+
+    def _with_tombstones(
+        self, plan: Plan, snap: Snapshot, tombs: pa.Table | None, changes: Changes | None
+    ) -> Plan:
+        """``plan``, writing the view's next tombstone set if the epoch changes it."""
+        if tombs is None or changes is None:
+            return plan
+        opts = self.ctx.opts
+        rows = tombstones.next_set(tombs, changes, self.spec.key, expired=self.expired)
+        if rows is None:
+            return plan
+        self.made = tombstones.new_set(opts.name, opts.app_id, rows)
+        return replace(plan, side=self.made.side())
 
     def _read(self, files: list, layout: Layout, snap: Snapshot) -> list[pa.Table]:  # type: ignore[type-arg]
         store = self.ctx.store
         with ThreadPoolExecutor(IO_THREADS) as pool:
             return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
 
-    def _plan_distributed(self, snap: Snapshot, layout: Layout) -> Plan:
+    def _plan_distributed(self, snap: Snapshot, layout: Layout, tombs: pa.Table | None) -> Plan:
         """The plan made by Spark (``distributed.py``): touched keys are never collected. The
         files that may hold one are read by tasks, their rows of touched keys joined with the
         winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
@@ -269,8 +328,20 @@ class Upsert:
             F.lit(None).cast("long").alias(POS),
             F.lit(0).alias(_SIDE),
         ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
+        number = tombstones.current(snap, ctx.opts.app_id)
+        if tombs is not None and tombs.num_rows and number is not None:
+            # The touched keys' tombstones, read from the view's current set by a task.
+            shape = tombstones.reader_schema(tombs.schema)
+            read = tombstones.TaskReader(ctx.store, tombstones.path(ctx.opts.name, number), shape, self.since)
+            marked = (
+                spark.range(1)
+                .mapInArrow(read, StructType(held_fields))
+                .join(winners.select(*keys), list(spec.key), "left_semi")
+                .withColumn(_SIDE, F.lit(2))
+            )
+            both = both.unionByName(marked, allowMissingColumns=True)
         out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
-        decided = both.repartition(*keys).mapInArrow(_Decider(spec, layout), out)
+        decided = both.repartition(*keys).mapInArrow(_Decider(spec, layout, tombs is not None), out)
         decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
         self.attempt.append(decided)
         with ctx.phase("diff"):
@@ -280,6 +351,16 @@ class Upsert:
                 raise_task_errors(exc, ctx.where)
                 raise
         inserted, retracted = counts.get(0, 0), counts.get(1, 0)
+        changes = None
+        if tombs is not None:
+            with ctx.phase("tombstones"):
+                marks = to_arrow(decided.where(F.col(_KIND) >= 2).select(*self._held(), F.col(_KIND)))
+                kind = marks.column(_KIND).to_numpy(zero_copy_only=False)
+                held_names = [*spec.key, str(spec.sequence_column)]
+                changes = Changes(
+                    marks.filter(pa.array(kind == 2)).select(held_names),
+                    marks.filter(pa.array(kind == 3)).select(list(spec.key)),
+                )
         drops = (
             decided.where(F.col(_KIND) == 1)
             .groupBy(F.col(FILE).alias("file_no"))
@@ -289,18 +370,20 @@ class Upsert:
         # About a file's worth of rows per write task.
         tasks = max(1, -(-inserted // ctx.opts.max_rows_per_file))
         inserts = decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
-        return Plan(
+        plan = Plan(
             inserts.repartition(tasks) if inserted else None,
             inserted,
             TaskRewrites(drops, snap.files, retracted) if retracted else (),
         )
+        return self._with_tombstones(plan, snap, tombs, changes)
 
     def _release_attempt(self) -> None:
         release(*self.attempt)
         self.attempt = []
 
     def committed(self, staged: Staged) -> None:
-        pass
+        if self.made is not None and staged.side is not None:
+            self.tombstones.remember(self.made.number, self.made.rows)
 
     def close(self) -> None:
         self._release_attempt()
@@ -335,44 +418,67 @@ def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.T
 
 
 def _decide(
-    touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec
-) -> tuple[npt.NDArray[np.bool_], I64, I64]:
-    """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, and
-    the stored rows to drop as (file number, position)."""
+    touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec, tombs: pa.Table | None = None
+) -> tuple[npt.NDArray[np.bool_], I64, I64, Changes | None]:
+    """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, the
+    stored rows to drop as (file number, position), and, given the touched keys' tombstones
+    (``tombstones.py``), what happens to them (None: the view keeps none)."""
     n = touched.num_rows
     want_a = touched.column(FP_A).to_numpy().copy()
     want_b = touched.column(FP_B).to_numpy().copy()
     want = ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
     from_batch = np.ones(n, dtype=bool)
     z = np.zeros(0, dtype=np.int64)
-    if stored is None or stored.num_rows == 0:
-        return want, z, z
     # Tie each stored row to its touched key, then order rows by key, file and position: the
     # earliest stored copy equal to the wanted row is the one kept.
     index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
-    rows = stored.join(index, list(spec.key), join_type="inner")
-    rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
-    if rows.num_rows == 0:
-        return want, z, z
-    ti = rows.column(_TI).to_numpy()
-    sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
-    starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
+    rows = None
+    if stored is not None and stored.num_rows:
+        rows = stored.join(index, list(spec.key), join_type="inner")
+        rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
+    if rows is not None and rows.num_rows:
+        ti = rows.column(_TI).to_numpy()
+        sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
+        starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
+    else:
+        rows, ti, sa, sb, starts = None, z, z, z, z
+    changes = None
     if spec.sequence_column:
-        # A stored row newer than the batch's for its key stays (an old event never rolls a
-        # key back). Rows with a null sequence are older than any.
+        # The newest of what the table holds for a key wins over an older (not an equal)
+        # event: its newest stored row stays, or its tombstone keeps it deleted (a tombstone
+        # wins a tie with a stored row). Rows with a null sequence are older than any.
         seq = spec.sequence_column
-        by_seq = pc.sort_indices(
-            rows,
-            [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
-        ).to_numpy()
-        newest = by_seq[starts]  # per key present in stored, its newest stored row
-        keys_of = ti[starts]
-        newer = pc.fill_null(
-            pc.greater(rows.column(seq).take(pa.array(newest)), touched.column(seq).take(pa.array(keys_of))),
-            False,
-        ).to_numpy(zero_copy_only=False)
-        k, r = keys_of[newer], newest[newer]
+        newest_of = np.full(n, -1, dtype=np.int64)
+        if rows is not None:
+            by_seq = pc.sort_indices(
+                rows,
+                [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
+            ).to_numpy()
+            newest_of[ti[starts]] = by_seq[starts]
+            held = rows.column(seq).take(pa.array(newest_of, mask=newest_of < 0))
+        else:
+            held = pa.nulls(n, touched.schema.field(seq).type)
+        event = touched.column(seq)
+        tomb = _per_key(tombs, index, seq, event.type) if tombs is not None else pa.nulls(n, event.type)
+        stored_newer = _true(pc.greater(held, event))
+        tomb_newer = _true(pc.greater(tomb, event)) & ~_true(pc.greater(held, tomb))
+        k = np.flatnonzero(stored_newer & ~tomb_newer)
+        r = newest_of[k]
         want_a[k], want_b[k], want[k], from_batch[k] = sa[r], sb[r], True, False
+        want[tomb_newer], from_batch[tomb_newer] = False, False
+        if tombs is not None:
+            deleted = from_batch & ~want  # the batch's delete is the newest event of its key
+            none = pa.scalar(None, event.type)
+            after = pc.if_else(pa.array(tomb_newer), tomb, pc.if_else(pa.array(deleted), event, none))
+            had, has = _true(pc.is_valid(tomb)), _true(pc.is_valid(after))
+            moved = has & ~(had & _true(pc.equal(after, tomb)))
+            keys = touched.select(list(spec.key))
+            changes = Changes(
+                keys.filter(pa.array(moved)).append_column(seq, after.filter(pa.array(moved))),
+                keys.filter(pa.array(had & ~has)),
+            )
+    if rows is None:
+        return want & from_batch, z, z, changes
     match = want[ti] & (sa == want_a[ti]) & (sb == want_b[ti])
     seen = np.cumsum(match)
     before_group = np.repeat(seen[starts] - match[starts], np.diff(np.append(starts, len(ti))))
@@ -385,7 +491,24 @@ def _decide(
         insert,
         rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
         rows.column(POS).filter(drop).to_numpy(),
+        changes,
     )
+
+
+def _true(mask: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """A boolean Arrow result as numpy, null as false."""
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _per_key(tombs: pa.Table, index: pa.Table, seq: str, kind: pa.DataType) -> pa.Array:
+    """The tombstone sequence of each touched key (null: none), in ``index`` order."""
+    n = index.num_rows
+    hit = tombs.select([*index.column_names[:-1], seq]).join(
+        index, index.column_names[:-1], join_type="inner"
+    )
+    at = np.full(n, -1, dtype=np.int64)
+    at[hit.column(_TI).to_numpy()] = np.arange(hit.num_rows, dtype=np.int64)
+    return hit.column(seq).cast(kind).combine_chunks().take(pa.array(at, mask=at < 0))
 
 
 def _key_ranges(winners: DataFrame, snap: Snapshot, spec: UpsertSpec) -> DataFrame:
@@ -448,6 +571,9 @@ class _Decider:
 
     spec: UpsertSpec
     layout: Layout
+    tombstoned: bool = False
+    """The view keeps tombstones: they come as side 2 (key and sequence), and the changes to
+    them go out as kind 2 (a key's new tombstone) and kind 3 (a key's tombstone cleared)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         held = list(batches)
@@ -477,17 +603,40 @@ class _Decider:
                 FP_B: stored_rows.column(FP_B),
             }
         )
+        tombs = None
+        if self.tombstoned:
+            marked = table.filter(pa.array(side == 2))
+            tombs = pa.table({c: marked.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]})
         with in_task("deciding touched keys"):
-            insert, drop_file, drop_pos = _decide(touched, stored if stored.num_rows else None, spec)
+            insert, drop_file, drop_pos, changes = _decide(
+                touched, stored if stored.num_rows else None, spec, tombs
+            )
         out = pa.schema(
             [*schema, pa.field(_KIND, pa.int32()), pa.field(FILE, pa.int64()), pa.field(POS, pa.int64())]
         )
         ins = touched.filter(pa.array(insert)).select(schema.names)
         n, m = ins.num_rows, len(drop_file)
-        if n + m == 0:
-            return
-        columns = [pa.concat_arrays([*c.chunks, pa.nulls(m, c.type)]) for c in ins.columns]
-        kinds = pa.array(np.concatenate([np.zeros(n, np.int32), np.ones(m, np.int32)]))
-        files = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_file, pa.int64())])
-        positions = pa.concat_arrays([pa.nulls(n, pa.int64()), pa.array(drop_pos, pa.int64())])
-        yield from pa.Table.from_arrays([*columns, kinds, files, positions], schema=out).to_batches()
+        if n:
+            yield from _out(ins, 0, out)
+        if m:
+            dropped = pa.table({FILE: pa.array(drop_file, pa.int64()), POS: pa.array(drop_pos, pa.int64())})
+            yield from _out(dropped, 1, out)
+        if changes is not None:
+            yield from _out(changes.set, 2, out)
+            yield from _out(changes.cleared, 3, out)
+
+
+def _out(rows: pa.Table, kind: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``rows`` as rows of ``schema`` of ``kind``: its columns as they are, the others null."""
+    if rows.num_rows == 0:
+        return
+    n = rows.num_rows
+    columns = [
+        pa.array(np.full(n, kind, np.int32))
+        if f.name == _KIND
+        else rows.column(f.name).cast(f.type)
+        if f.name in rows.column_names
+        else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    yield from pa.Table.from_arrays(columns, schema=schema).to_batches()

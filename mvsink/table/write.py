@@ -123,6 +123,17 @@ class TaskRewrites:
 
 
 @dataclass(frozen=True)
+class SideFile:
+    """A file of mvsink's own (in its hidden folder) that an attempt writes with its data files
+    and its commit names, by the app transactions it records: it is current exactly when that
+    commit landed, and deleted with the attempt's files when it did not."""
+
+    path: str
+    data: bytes
+    transactions: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class Plan:
     """Rows to insert (``inserted`` of them; None: not known before writing) and rewrites."""
 
@@ -135,6 +146,7 @@ class Plan:
     """Where the staged files' index entries go (complete mode keeps an index), if anywhere."""
     files_read: int = 0
     """Data files of the snapshot read to make this plan."""
+    side: SideFile | None = None
 
     @property
     def retracted(self) -> int:
@@ -159,6 +171,7 @@ class Staged:
     """Change files (Change Data Feed): the retracted and inserted rows, with ``CHANGE_TYPE``."""
     updates: tuple[DataFile, ...] = ()
     """Files of ``removes`` added again with a new deletion vector (which drops rows of theirs)."""
+    side: SideFile | None = None
 
     @property
     def bytes_written(self) -> int:
@@ -200,7 +213,10 @@ def stage(
     (module doc); with ``deletion_vectors``, a file that keeps some rows gets a deletion vector
     instead of being rewritten. Nothing becomes visible."""
     if plan.inserts is None and not plan.rewrites:
-        return NOTHING
+        if plan.side is None:
+            return NOTHING
+        _put_side(store, plan.side, where)
+        return replace(NOTHING, side=plan.side)
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
     changes = change_feed and bool(plan.rewrites)
     changes_folder = f"{folder}/{CHANGE_DIR}" if changes else None
@@ -208,6 +224,8 @@ def stage(
     removes: tuple[DataFile, ...] = ()
     written: list[Written] = []
     updates: list[_Kept] = []
+    if plan.side is not None:
+        _put_side(store, plan.side, where)
     try:
         kept = 0
         with ThreadPoolExecutor(IO_THREADS) as pool:
@@ -297,18 +315,18 @@ def stage(
                 where,
             )
     except InputError as exc:
-        _discard(store, folder, plan.index, written)
+        _discard(store, folder, plan.index, written, plan.side)
         if str(exc.where):
             raise
         raise InputError(exc.message, where) from None
     except OSError as exc:  # the store refused a write: read-only, full, unreachable
-        _discard(store, folder, plan.index, written)
+        _discard(store, folder, plan.index, written, plan.side)
         raise StorageError(
             f"cannot write this attempt's files under {folder}: {first_line(exc)}. Nothing was committed.",
             where,
         ) from exc
     except BaseException:
-        _discard(store, folder, plan.index, written)
+        _discard(store, folder, plan.index, written, plan.side)
         raise
     return Staged(
         folder,
@@ -319,7 +337,17 @@ def stage(
         plan.retracted,
         tuple(w.file for w in changed),
         tuple(u.update for u in updates if u.update is not None),
+        plan.side,
     )
+
+
+def _put_side(store: Store, side: SideFile, where: Where) -> None:
+    try:
+        store.put(side.path, side.data)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot write {side.path}: {first_line(exc)}. Nothing was committed.", where
+        ) from exc
 
 
 def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
@@ -328,12 +356,18 @@ def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
         store.delete_folder(staged.folder)
         if index is not None:
             index.forget(f.path for f in staged.adds)
+    if staged.side is not None:
+        store.delete([staged.side.path])
 
 
-def _discard(store: Store, folder: str, index: StoredIndex | None, written: list[Written]) -> None:
+def _discard(
+    store: Store, folder: str, index: StoredIndex | None, written: list[Written], side: SideFile | None
+) -> None:
     store.delete_folder(folder)
     if index is not None:
         index.forget(w.file.path for w in written)
+    if side is not None:
+        store.delete([side.path])
 
 
 def clustered(
