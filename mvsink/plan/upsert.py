@@ -19,7 +19,7 @@ For a batch, per key:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -78,6 +78,8 @@ _TI = "__mvsink_touched"
 _SIDE = "__mvsink_side"
 _KIND = "__mvsink_kind"
 _RANGE = "__mvsink_range"
+DECIDE_CHUNK_ROWS = 65_536
+"""Rows a task of the distributed path decides at a time (``_Decider``)."""
 KEY_RANGES = 256
 """Ranges the distributed path cuts touched keys into to prune files (``_key_ranges``)."""
 _ADDRESS = StructType([StructField(n, LongType()) for n in (FILE, POS, FP_A, FP_B)])
@@ -341,7 +343,9 @@ class Upsert:
             )
             both = both.unionByName(marked, allowMissingColumns=True)
         out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
-        decided = both.repartition(*keys).mapInArrow(_Decider(spec, layout, tombs is not None), out)
+        # Sorted by key within each partition: a task decides its keys a chunk at a time.
+        decider = _Decider(spec, layout, tombs is not None, DECIDE_CHUNK_ROWS)
+        decided = both.repartition(*keys).sortWithinPartitions(*keys).mapInArrow(decider, out)
         decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
         self.attempt.append(decided)
         with ctx.phase("diff"):
@@ -565,23 +569,43 @@ class _KeyReader:
 
 @dataclass(frozen=True)
 class _Decider:
-    """Runs in a Spark task holding every row of its keys, both sides: decides them (rule 3 of
-    the module doc, ``_decide``) and emits the rows to insert (kind 0) and the stored rows to
-    drop (kind 1, by file number and position)."""
+    """Runs in a Spark task over rows of both sides sorted by key, so each key's rows are
+    contiguous: decides them (rule 3 of the module doc, ``_decide``) a chunk of whole keys at
+    a time, and emits the rows to insert (kind 0) and the stored rows to drop (kind 1, by file
+    number and position). A task holds about ``DECIDE_CHUNK_ROWS`` rows (or one key's rows,
+    if more) however many its partition has."""
 
     spec: UpsertSpec
     layout: Layout
     tombstoned: bool = False
     """The view keeps tombstones: they come as side 2 (key and sequence), and the changes to
     them go out as kind 2 (a key's new tombstone) and kind 3 (a key's tombstone cleared)."""
+    chunk_rows: int = DECIDE_CHUNK_ROWS
+    """Rows decided at a time."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        held = list(batches)
-        if not held:
-            return
-        table = pa.Table.from_batches(held)
-        if table.num_rows == 0:
-            return
+        chunk = self.chunk_rows
+        pending: list[pa.RecordBatch] = []
+        held = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            pending.append(batch)
+            held += batch.num_rows
+            if held < chunk:
+                continue
+            table = pa.Table.from_batches(pending)
+            cut = _last_key_start(table, self.spec.key)
+            if cut == 0:
+                continue  # one key's rows so far: they are decided together
+            yield from self._decide(table.slice(0, cut))
+            rest = table.slice(cut)
+            pending, held = rest.to_batches(), rest.num_rows
+        if pending:
+            yield from self._decide(pa.Table.from_batches(pending))
+
+    def _decide(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        """Decide ``table``: every row of each of its keys."""
         schema, spec = self.layout.arrow, self.spec
         side = table.column(_SIDE).to_numpy(zero_copy_only=False)
         touched_rows = table.filter(pa.array(side == 0))
@@ -624,6 +648,16 @@ class _Decider:
         if changes is not None:
             yield from _out(changes.set, 2, out)
             yield from _out(changes.cleared, 3, out)
+
+
+def _last_key_start(table: pa.Table, key: Sequence[str]) -> int:
+    """Where the rows of ``table``'s last key begin (rows are sorted by key)."""
+    last = table.slice(table.num_rows - 1)
+    same = np.ones(table.num_rows, dtype=bool)
+    for k in key:
+        same &= _true(pc.equal(table.column(k), last.column(k)[0]))
+    other = np.flatnonzero(~same)
+    return int(other[-1]) + 1 if len(other) else 0
 
 
 def _out(rows: pa.Table, kind: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
