@@ -365,8 +365,8 @@ print("ok", report.inserted)
 
 def test_a_distributed_upsert_task_holds_a_bounded_share_of_its_partition(tmp_path):
     """One task gets every key of a 1.2M-row batch (about 300 MB as Arrow) under a Python
-    worker limited to 1.2 GB of address space (its imports take about 0.7): it decides the keys a chunk at a time, where
-    holding the partition whole runs out of memory."""
+    worker limited to 1.2 GB of address space (its imports take about 0.7): it decides the
+    keys a chunk at a time, where holding the partition whole runs out of memory."""
     script = tmp_path / "bounded.py"
     script.write_text(BOUNDED)
     done = subprocess.run(
