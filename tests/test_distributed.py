@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from mvsink import MVSink
 from mvsink.errors import StorageError, Where
 from mvsink.ops.verify import verify
+from mvsink.plan.context import ResultLimit, long_row_bytes
 from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, correction, sketch_bits, with_fingerprints
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
@@ -226,7 +227,7 @@ def test_a_data_file_gone_from_storage_is_a_storage_error_naming_it(spark, local
 
 
 def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
-    """``n`` rows of about 100 bytes each: 200K of them are 20 MB, over the 8 MB limit."""
+    """``n`` rows of about 100 bytes each: 100K of them are 10 MB, over the 8 MB limit."""
     return spark.range(n).select(
         F.col("id"), F.concat(F.lit(tag), F.sha2(F.col("id").cast("string"), 256), F.lit("x" * 30)).alias("s")
     )
@@ -235,17 +236,17 @@ def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
 @pytest.mark.single_engine  # the placement's choice; the engine commits a handful of files
 @pytest.mark.parametrize("mode", ["complete", "upsert"])
 def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_target, mode, caplog):
-    """A 10-row target and a 20 MB batch, under the suite's 8 MB spark.driver.maxResultSize.
+    """A 10-row target and a 10 MB batch, under the suite's 8 MB spark.driver.maxResultSize.
     Upsert cannot collect the batch: ``auto`` falls back to Spark tasks for that epoch.
-    Complete mode collects 16 bytes a row (the fingerprints), which fit; the 200K rows to insert
-    do not, so Spark tasks write them. A view whose fingerprints alone pass the limit plans in
+    Complete mode collects about 25 bytes a row (the fingerprints), which fit; the 100K rows to
+    insert do not, so Spark tasks write them. A view whose fingerprints alone pass the limit plans in
     Spark tasks, from then on."""
     options = {"mode": mode, "key": ["id"]} if mode == "upsert" else {}
     sink = MVSink(local_target, "big", **options)
     sink(wide(spark, 10, "a"), 0)
     caplog.set_level("WARNING", logger="mvsink")
-    assert sink(wide(spark, 200_000, "b"), 1).outcome == "committed"
-    assert verify(wide(spark, 200_000, "b"), local_target, "big").equal  # compared in Spark
+    assert sink(wide(spark, 100_000, "b"), 1).outcome == "committed"
+    assert verify(wide(spark, 100_000, "b"), local_target, "big").equal  # compared in Spark
     if mode == "upsert":
         assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
         caplog.clear()
@@ -255,13 +256,13 @@ def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_targe
         assert "collect" in sink.last_report.phases  # back on the driver
         assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
         assert verify(
-            wide(spark, 200_000, "b").where("id >= 10").unionByName(small), local_target, "big"
+            wide(spark, 100_000, "b").where("id >= 10").unionByName(small), local_target, "big"
         ).equal
         return
     assert any("Spark tasks write them" in r.getMessage() for r in caplog.records)
     assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
     assert "collect" in sink.last_report.phases  # the fingerprints came to the driver
-    batch = wide(spark, 200_000, "b").where("id != 5")
+    batch = wide(spark, 100_000, "b").where("id != 5")
     assert sink(batch, 2).retracted == 1
     assert verify(batch, local_target, "big").equal
     # 600K rows of fingerprints are about 14 MB: over the limit, whatever the rows' width.
@@ -269,18 +270,13 @@ def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_targe
     many = spark.range(600_000).select("id", F.lit("z").alias("s"))
     narrow = MVSink(f"{local_target}-narrow", "narrow")
     narrow(many.limit(10), 0)
-    # A broadcast passes through the driver: keep Spark's threshold (10 MB by default) under
-    # the suite's 8 MB result limit, as a real configuration's is, or Spark's adaptive joins
-    # broadcast a 14 MB side of the distributed diff and fail.
-    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "4m")
-    try:
-        assert narrow(many, 1).outcome == "committed"
-        assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
-        assert verify(many, f"{local_target}-narrow", "narrow").equal
-        caplog.clear()
-        assert narrow(many.where("id != 7"), 2).retracted == 1
-    finally:
-        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+    # Spark's own broadcast threshold (10 MB) is left above the 8 MB limit: the distributed
+    # diff keeps Spark from broadcasting what could pass it (``ResultLimit.small_side``).
+    assert narrow(many, 1).outcome == "committed"
+    assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert verify(many, f"{local_target}-narrow", "narrow").equal
+    caplog.clear()
+    assert narrow(many.where("id != 7"), 2).retracted == 1
     assert "collect" not in narrow.last_report.phases  # planned in tasks from the start
     assert not any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
 
@@ -325,6 +321,8 @@ def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_targ
     stored = StoredIndex.of(sink.store, "sketch", layout.arrow)
     bits = sketch_bits(snap)
     assert bits == SKETCH_BITS[0]  # 50K rows: the fewest buckets
+    # Fewer still when the driver may not collect that many bucket numbers (1 MB: 8,192).
+    assert sketch_bits(snap, ResultLimit(1 << 20)) == 13
 
     def buckets(frame: DataFrame) -> set[int]:
         mask = changed_buckets(spark, with_fingerprints(frame, layout), snap, stored, layout, bits)
@@ -347,3 +345,58 @@ def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_targ
         assert [frame.count() for frame in corr.held] == [int(in_changed.sum()), 2]
     finally:
         corr.close()
+
+
+PAST_THE_LIMIT = 480_000
+"""Rows of ``wide`` whose fingerprints and row numbers (about 25 bytes a row on the driver)
+come to 12 MB, past the suite's 8 MB limit; so do the changed fingerprint groups the
+distributed diff then finds, one per row (about 20 bytes each once Spark serialised them)."""
+
+
+@pytest.mark.single_engine  # the placement's choice; the engine commits a handful of files
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_no_collect_of_an_auto_epoch_passes_the_driver_result_limit(spark, local_target, mode, caplog):
+    """Issue 34: a 10-row target, then a batch of rows of about 100 bytes whose fingerprints
+    alone pass spark.driver.maxResultSize. ``auto`` falls back to Spark tasks, and nothing the
+    tasks' plan brings to the driver on the way (a collect, a broadcast) passes the limit."""
+    options = {"mode": mode, "key": ["id"]} if mode == "upsert" else {}
+    sink = MVSink(local_target, "big", **options)
+    sink(wide(spark, 10, "a"), 0)
+    caplog.set_level("WARNING", logger="mvsink")
+    batch = wide(spark, PAST_THE_LIMIT, "b")
+    report = sink(batch, 1)
+    assert (report.outcome, report.inserted, report.retracted) == ("committed", PAST_THE_LIMIT, 10)
+    assert any("plans in Spark tasks" in r.getMessage() for r in caplog.records)
+    assert verify(batch, local_target, "big").equal
+
+
+def test_what_an_epoch_brings_to_the_driver_is_bounded_by_the_session_limit(spark):
+    """``ResultLimit`` reads the session's limits; a join's small side is broadcast only when
+    it fits a quarter of the driver's limit, and otherwise kept from Spark's own broadcast too
+    while Spark's threshold (10 MB by default) could pass the limit (the suite's 8 MB)."""
+    limit = ResultLimit.of(spark)
+    assert (limit.size, limit.spark_broadcasts) == (8 << 20, 10 << 20)
+    assert limit.fits(40_000, long_row_bytes(4)) and not limit.fits(50_000, long_row_bytes(4))  # 2 MB
+
+    def join(side: DataFrame) -> str:
+        return str(spark.range(1000).join(side, "id")._jdf.queryExecution().executedPlan().toString())
+
+    few = spark.range(10)
+    assert "BroadcastHashJoin" in join(limit.small_side(few, 10, long_row_bytes(1), most=100))
+    assert "BroadcastHashJoin" in join(few)  # Spark's own choice, for a side it finds small
+    # Said to be too many to broadcast: shuffled, whatever Spark would find.
+    assert "SortMergeJoin" in join(limit.small_side(few, 10, long_row_bytes(1), most=5))
+    assert "SortMergeJoin" in join(limit.small_side(few, 1_000_000, long_row_bytes(1), most=10**7))
+    # Under a threshold that keeps Spark's broadcasts within the limit, Spark decides.
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "1m")
+    try:
+        tame = ResultLimit.of(spark)
+        assert tame.spark_broadcasts == 1 << 20
+        assert "BroadcastHashJoin" in join(tame.small_side(few, 1_000_000, long_row_bytes(1), most=10**7))
+    finally:
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        assert ResultLimit.of(spark).spark_broadcasts == 0  # Spark never broadcasts on its own
+    finally:
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")

@@ -11,7 +11,9 @@ over it (``fingerprint.spark_lanes``). Two placements compute the same correctio
   the rows to insert, by their row numbers in the cache (``_numbered``), checked against the
   fingerprints the diff saw; past ``DRIVER_INSERT_ROWS``, the driver's result limit, or when
   that check fails (the cache was recomputed in another order), Spark tasks write them,
-  found by fingerprint.
+  found by fingerprint. Neither collect is bounded before it runs (desired's size, the rows'
+  width): each falls back when Spark refuses it (``ResultLimit``), the first to the
+  distributed placement, the second to Spark tasks writing the inserts.
   Each file holding a retracted row is read through the I/O layer and its kept rows (with
   their fingerprints: its entry less the dropped positions) are written back.
 * Distributed (``distributed.py``): the same steps as Spark jobs and tasks, for views whose
@@ -38,8 +40,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from mvsink.compat import from_arrow, release, to_arrow
-from mvsink.plan.context import EpochContext
+from mvsink.compat import from_arrow, release
+from mvsink.plan.context import EpochContext, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.plan.rules import RULE, Rules, raise_broken, rules_for
@@ -53,13 +55,13 @@ _ROW = "__mvsink_row"
 _N = "__mvsink_n"
 _RANK = "__mvsink_rank"
 BROADCAST_ROWS = 1_000_000
-"""Up to this many fingerprints to insert (24 bytes each) are broadcast to the join that finds
-their rows."""
+"""Up to this many fingerprints to insert are broadcast to the join that finds their rows, if
+the driver's result limit lets them (``ResultLimit.small_side``)."""
 
 DRIVER_INSERT_ROWS = 200_000
-"""Up to this many rows to insert (and their row numbers, broadcast: see ``_broadcastable``)
-are brought to the driver and written there; more are written by Spark tasks (never
-collected)."""
+"""Up to this many rows to insert (and their row numbers, broadcast, if the driver's result
+limit lets them) are brought to the driver and written there; more are written by Spark tasks
+(never collected)."""
 WHOLE_MIN_BYTES = 64 << 20
 """Desired is written whole only when that is at least this big (estimated from the table's
 bytes per row): below it, one Spark write job costs more than the driver's small rewrites."""
@@ -106,7 +108,7 @@ class Complete:
         rewrites = self._rewrites(snap, drops)
         if not corr.inserted:
             return Plan(None, 0, rewrites, index=self.stored)
-        fetched = self._fetch(corr) if self._broadcastable(corr.inserted, 8, DRIVER_INSERT_ROWS) else None
+        fetched = self._fetch(corr)
         if fetched is None:
             log.info("%s: %d rows to insert: written by Spark tasks", ctx.where, corr.inserted)
             return Plan(self._inserts(corr), corr.inserted, rewrites, index=self.stored)
@@ -149,7 +151,9 @@ class Complete:
         spark = ctx.batch.sparkSession
         try:
             with ctx.phase("diff"):
-                corr = correction(spark, desired, snap, self.stored, layout, ctx.opts.max_rows_per_file)
+                corr = correction(
+                    spark, desired, snap, self.stored, layout, ctx.opts.max_rows_per_file, ctx.limit
+                )
                 self.attempt.append(corr)
         except Exception as exc:
             raise_task_errors(exc, ctx.where)
@@ -201,12 +205,16 @@ class Complete:
 
     def _fetch(self, corr: Correction) -> tuple[pa.Table, I64, I64] | None:
         """The desired rows ``corr`` inserts (``insert_rows``), with their fingerprints, on the
-        driver: fetched from the cache by row number, hashed again by Spark and checked
-        against the fingerprints the diff saw. None if Spark will not let the driver collect
-        them."""
+        driver: fetched from the cache by row number (at most ``DRIVER_INSERT_ROWS``, their
+        numbers broadcast), hashed again by Spark and checked against the fingerprints the
+        diff saw. None if there are more, or Spark will not let the driver collect them."""
         ctx = self.ctx
         assert self.hashed is not None and self.fps is not None
         layout, hashed = self.hashed
+        # The numbers' broadcast is bounded before it runs; the rows' collect is not (their
+        # width is not known): it falls back when Spark refuses it.
+        if corr.inserted > DRIVER_INSERT_ROWS or not ctx.limit.fits(corr.inserted, long_row_bytes(1)):
+            return None
         take = corr.insert_rows
         want_a, want_b = self.fps.a[take], self.fps.b[take]
         if corr.inserts_all_desired:
@@ -216,12 +224,9 @@ class Complete:
             keys = from_arrow(ctx.batch.sparkSession, pa.table({_ROW: numbers}), f"{_ROW} long")
             fetched = self._numbered(layout).join(F.broadcast(keys), _ROW, "left_semi")
             wanted = fetched.select(*layout.struct.names, *spark_lanes(layout.struct), _ROW)
-        try:
-            with ctx.phase("collect"):
-                table = to_arrow(wanted)
-        except Exception as exc:
-            if "maxResultSize" not in str(exc):
-                raise
+        with ctx.phase("collect"):
+            table = ctx.limit.collect(wanted)
+        if table is None:
             log.warning(
                 "%s: the rows to insert are more than the driver may collect: Spark tasks write them",
                 ctx.where,
@@ -267,20 +272,12 @@ class Complete:
             }
         )
         keys_df = from_arrow(self.ctx.batch.sparkSession, keys, f"{FP_A} long, {FP_B} long, {_N} long")
-        if self._broadcastable(keys.num_rows, 24, BROADCAST_ROWS):
-            keys_df = F.broadcast(keys_df)
+        keys_df = self.ctx.limit.small_side(keys_df, keys.num_rows, long_row_bytes(3), most=BROADCAST_ROWS)
         rows = hashed.join(keys_df, [FP_A, FP_B])
         if len(corr.part_n):  # some fingerprints insert fewer copies than desired holds
             copies = Window.partitionBy(FP_A, FP_B).orderBy(FP_A)
             rows = rows.withColumn(_RANK, F.row_number().over(copies)).where(F.col(_RANK) <= F.col(_N))
         return rows.select(*layout.struct.names, FP_A, FP_B).repartition(tasks)
-
-    def _broadcastable(self, rows: int, row_bytes: int, most: int) -> bool:
-        """Whether ``rows`` keys of ``row_bytes`` each may be broadcast: at most ``most``, and
-        a quarter of the driver's result limit (a broadcast passes through the driver, and
-        counts against it where its rows come from tasks)."""
-        limit = self.ctx.result_limit()
-        return rows <= most and (not limit or rows * row_bytes <= limit // 4)
 
     def _whole_is_cheaper(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> bool:
         """Whether writing desired whole moves fewer bytes than the correction: reading each

@@ -1,18 +1,22 @@
-"""What every mode needs from the epoch it plans for: the batch, options, store and figures."""
+"""What every mode needs from the epoch it plans for: the batch, options, store and figures,
+and the driver's result limit (``ResultLimit``), which every collect of an epoch keeps."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
-from mvsink.compat import to_arrow
+from mvsink.compat import is_spark_error, to_arrow
 from mvsink.config import SinkOptions
 from mvsink.errors import Where
 from mvsink.plan.rules import Rules, check_rows
@@ -23,18 +27,101 @@ log = logging.getLogger(__name__)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
-def parse_bytes(text: str) -> int:
-    """A Spark size (``"8m"``, ``"1g"``, ``"512k"``, ``"1024"``) in bytes."""
+def parse_bytes(text: str) -> int | None:
+    """A Spark size (``"8m"``, ``"1g"``, ``"512k"``, ``"1024"``) in bytes; None if it is none."""
     found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)i?b?\s*", text.lower())
-    if not found:
-        return _DEFAULT_RESULT_LIMIT
-    return int(found.group(1)) * _UNITS[found.group(2)]
+    return int(found.group(1)) * _UNITS[found.group(2)] if found else None
 
 
 _FINGERPRINT_ROW = 24
 """Arrow bytes a row of desired's fingerprints takes on the driver (two int64 and the rule
 column), until a collect measured it."""
 _DEFAULT_RESULT_LIMIT = 1 << 30  # Spark's default spark.driver.maxResultSize
+_DEFAULT_BROADCAST = 10 << 20  # Spark's default spark.sql.autoBroadcastJoinThreshold
+
+
+def long_row_bytes(columns: int) -> int:
+    """At most the bytes a row of ``columns`` 64-bit columns adds to a result that reaches the
+    driver: Spark's form of a broadcast's rows (``UnsafeRow``: a word of null bits, a word a
+    column, a 4-byte length), which is more than Arrow's (8 bytes a column)."""
+    return 8 * (1 + columns) + 4
+
+
+@dataclass(frozen=True)
+class ResultLimit:
+    """Spark's ``spark.driver.maxResultSize``, and the one rule by which an epoch keeps under it.
+
+    What reaches the driver from tasks counts against the limit: an Arrow collect, and a
+    broadcast (Spark gathers its rows on the driver first), Spark's own adaptive ones too.
+    Past it Spark fails the job, and with it the epoch. So every collect an epoch makes is
+    either
+
+    1. bounded before it runs: at most ``rows`` rows of at most ``row_bytes`` each, which
+       ``fits`` a quarter of the limit (the rest for what Spark adds, and the other results of
+       the job); a broadcast is made by ``small_side``, which broadcasts only what fits and
+       keeps Spark from broadcasting the rest; or
+    2. made through ``collect``, which returns None if Spark refused it for its size: the
+       caller then plans without it (for desired itself, in Spark tasks:
+       ``EpochContext.collect``).
+    """
+
+    size: int
+    """The limit in bytes; 0: none."""
+    spark_broadcasts: int = _DEFAULT_BROADCAST
+    """The most Spark broadcasts on its own for a join (the larger of its two thresholds,
+    ``spark.sql.autoBroadcastJoinThreshold`` and the adaptive one); 0: never."""
+
+    @classmethod
+    def of(cls, spark: Any) -> ResultLimit:
+        """The limits of ``spark``'s session (Spark's defaults where it will not say: Connect)."""
+        size = _conf_bytes(spark, "spark.driver.maxResultSize")
+        static = _conf_bytes(spark, "spark.sql.autoBroadcastJoinThreshold")
+        adaptive = _conf_bytes(spark, "spark.sql.adaptive.autoBroadcastJoinThreshold")
+        return cls(
+            _DEFAULT_RESULT_LIMIT if size is None else size,
+            max(
+                _DEFAULT_BROADCAST if static is None else static,
+                0 if adaptive is None else adaptive,
+            ),
+        )
+
+    def fits(self, rows: int, row_bytes: int) -> bool:
+        """Whether ``rows`` rows of at most ``row_bytes`` each may reach the driver (way 1)."""
+        return not self.size or rows * row_bytes <= self.size // 4
+
+    def small_side(self, side: DataFrame, rows: int, row_bytes: int, *, most: int) -> DataFrame:
+        """``side``, the small side of a join, of at most ``rows`` rows of at most ``row_bytes``
+        each: broadcast when there are at most ``most`` (a bigger broadcast costs more than a
+        shuffle) and they ``fits``; otherwise joined by a shuffle, and Spark kept from
+        broadcasting it (or the other side) unless what it broadcasts on its own fits."""
+        if rows <= most and self.fits(rows, row_bytes):
+            return F.broadcast(side)
+        if self.fits(1, self.spark_broadcasts):
+            return side
+        return side.hint("merge")  # the join Spark makes when it does not broadcast
+
+    def collect(self, rows: DataFrame) -> pa.Table | None:
+        """``rows`` on the driver as Arrow (way 2); None if Spark refused them for the limit."""
+        try:
+            return to_arrow(rows)
+        except Exception as exc:
+            if is_spark_error(exc) and "maxResultSize" in str(exc):
+                return None
+            raise
+
+
+def _conf_bytes(spark: Any, key: str) -> int | None:
+    """A size setting of ``spark``'s session in bytes (a negative one, disabled: 0); None when
+    unset or not readable through this session (Spark Connect)."""
+    try:
+        text = spark.conf.get(key, None)
+    except Exception:
+        return None
+    if text is None:
+        return None
+    if text.strip().startswith("-"):
+        return 0
+    return parse_bytes(text)
 
 
 @dataclass
@@ -90,6 +177,11 @@ class EpochContext:
                 check_rows(rows, rules, self.where)
         self.checked_rules = rules
 
+    @functools.cached_property
+    def limit(self) -> ResultLimit:
+        """The driver's result limit, which every collect of this epoch keeps."""
+        return ResultLimit.of(self.batch.sparkSession)
+
     def placement(self, snap: Snapshot) -> str:
         """Where this attempt plans: the ``placement`` option, or for ``auto`` the driver while
         the target holds at most ``driver_max_rows`` rows and, in complete mode (which collects
@@ -109,37 +201,31 @@ class EpochContext:
             return "driver"  # an upsert batch brings the changed keys only
         per_row = self.budget.bytes_per_row or _FINGERPRINT_ROW
         size = held * per_row
-        limit = self.result_limit()
+        limit = self.limit.size
         return "distributed" if limit and size > limit / 2 else "driver"
-
-    def result_limit(self) -> int:
-        """Spark's ``spark.driver.maxResultSize`` in bytes (0: no limit)."""
-        try:
-            text = self.batch.sparkSession.conf.get("spark.driver.maxResultSize", None)
-        except Exception:  # not readable through this session (Spark Connect): the default
-            text = None
-        return _DEFAULT_RESULT_LIMIT if text is None else parse_bytes(text)
 
     def collect(self, rows: DataFrame) -> pa.Table | None:
         """``rows`` (a row per row of the batch: the batch in upsert mode, desired's
         fingerprints in complete mode) on the driver as Arrow; None if they are bigger than
-        Spark lets a driver collect under ``placement = "auto"``: then this epoch plans
-        distributed, and in complete mode every later one too. A default configuration never
-        dies of the driver's result limit."""
-        try:
+        Spark lets a driver collect under ``placement = "auto"`` (``ResultLimit.collect``):
+        then this epoch plans distributed, and in complete mode every later one too. A default
+        configuration never dies of the driver's result limit. Under ``placement = "driver"``
+        a batch too big for the driver fails the epoch: the placement was asked for."""
+        if self.opts.placement != "auto":
             table = to_arrow(rows)
-        except Exception as exc:
-            if self.opts.placement != "auto" or "maxResultSize" not in str(exc):
-                raise
-            log.warning(
-                "%s: the batch is bigger than the driver may collect (spark.driver.maxResultSize): "
-                "it plans in Spark tasks (placement 'distributed')%s",
-                self.where,
-                " from now on" if self.opts.mode == "complete" else " this epoch",
-            )
-            self.too_big = True
-            self.budget.too_big = self.budget.too_big or self.opts.mode == "complete"
-            return None
+        else:
+            collected = self.limit.collect(rows)
+            if collected is None:
+                log.warning(
+                    "%s: the batch is bigger than the driver may collect (spark.driver.maxResultSize): "
+                    "it plans in Spark tasks (placement 'distributed')%s",
+                    self.where,
+                    " from now on" if self.opts.mode == "complete" else " this epoch",
+                )
+                self.too_big = True
+                self.budget.too_big = self.budget.too_big or self.opts.mode == "complete"
+                return None
+            table = collected
         self.budget.learn(table)
         return table
 

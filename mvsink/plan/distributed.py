@@ -26,11 +26,15 @@ Nothing row-sized passes through the driver. For a complete-mode epoch:
    index entries; the driver receives each new file's add action only.
 
 Only the file list (the Delta log's, which the commit needs anyway), the changed buckets'
-numbers and a few totals are on the driver.
+numbers and a few totals are on the driver. Each collect and broadcast is bounded before it
+runs, by the driver's result limit (``context.ResultLimit``): the sketch has at most as many
+buckets as the limit lets the driver collect, and the changed groups are broadcast only when
+they fit it; otherwise they are joined by a shuffle.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +48,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mvsink.compat import from_arrow, release, to_arrow
 from mvsink.errors import InvariantViolation
+from mvsink.plan.context import ResultLimit, long_row_bytes
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote, spark_lanes
 from mvsink.table.index import FileEntry, StoredIndex
@@ -56,12 +61,17 @@ _D = "__mvsink_d"
 _P = "__mvsink_p"
 _RN = "__mvsink_rn"
 BROADCAST_GROUPS = 500_000
-"""Up to this many changed fingerprint groups (32 bytes each) are broadcast to the joins."""
+"""Up to this many changed fingerprint groups are broadcast to the joins, if the driver's
+result limit lets them (``ResultLimit.small_side``)."""
+BROADCAST_FILES = 20_000
+"""Up to this many files (a few MB of the log's file list) are broadcast to the join that
+hands each rewritten file its description, if the driver's result limit lets them."""
 SKETCH_BITS = (16, 20)
 """The sketch's buckets (step 3) are the top ``bits`` of lane a, ``bits`` in this range: one
 bucket per 256 stored rows (``sketch_bits``). A change of ``c`` fingerprints leaves about
 ``exp(-c / buckets)`` of the table settled: 86% for 10K changes in 5M rows (65,536 buckets),
-74% for 40K in 20M (131,072)."""
+74% for 40K in 20M (131,072). Fewer under a driver result limit too small for the bucket
+numbers (8 MB at 20 bits)."""
 _SKETCH_ROWS = 1 << 22
 """Index rows a sketch task adds up at once (about 200 MB of temporaries), so that many small
 files cost one pass, not one each."""
@@ -82,11 +92,15 @@ def with_fingerprints(rows: DataFrame, layout: Layout, extra: Sequence[StructFie
     )
 
 
-def sketch_bits(snap: Snapshot) -> int:
-    """The sketch's bits for ``snap``: one bucket per 256 stored rows, within ``SKETCH_BITS``."""
+def sketch_bits(snap: Snapshot, limit: ResultLimit | None = None) -> int:
+    """The sketch's bits for ``snap``: one bucket per 256 stored rows, within ``SKETCH_BITS``,
+    and few enough that every bucket's number ``fits`` the driver's result ``limit``."""
     rows = sum(f.num_records or 0 for f in snap.files)
     low, high = SKETCH_BITS
-    return min(high, max(low, (max(1, rows) // 256).bit_length()))
+    bits = min(high, max(low, (max(1, rows) // 256).bit_length()))
+    while limit is not None and bits > 1 and not limit.fits(1 << bits, long_row_bytes(1)):
+        bits -= 1
+    return bits
 
 
 def persisted_rows(
@@ -130,8 +144,22 @@ def changed_buckets(
     sums = signed.groupBy(_BUCKET).agg(*[F.sum(n).alias(n) for n in (_N, *_SUMS)])
     differs = sums.where(F.greatest(*[F.abs(F.col(n)) for n in (_N, *_SUMS)]) != 0).select(_BUCKET)
     mask = np.zeros(1 << bits, dtype=np.bool_)
+    # Bounded: at most 2**bits numbers, which ``sketch_bits`` keeps within the result limit.
     mask[to_arrow(differs).column(_BUCKET).to_numpy()] = True
     return mask
+
+
+def _file_side(spark: Any, snap: Snapshot, limit: ResultLimit) -> DataFrame:
+    """``file_frame`` of ``snap``'s files, the small side of a join: broadcast when the file
+    list fits the driver's result limit (a row: three longs, and three strings no longer than
+    the log's widest path, partition values and deletion vector)."""
+    texts = [
+        (f.path, json.dumps(dict(f.partition_values)), json.dumps(dict(f.deletion_vector or {})))
+        for f in snap.files
+    ]
+    widest = sum(max((len(t[i].encode()) for t in texts), default=0) for i in range(3))
+    frame = file_frame(spark, snap.files)
+    return limit.small_side(frame, len(texts), long_row_bytes(6) + widest, most=BROADCAST_FILES)
 
 
 def _buckets_of(a: I64, bits: int) -> np.ndarray:
@@ -226,6 +254,7 @@ def mismatched_entries(spark: Any, snap: Snapshot, index: StoredIndex, layout: L
     found = file_frame(spark, snap.files).mapInArrow(
         _EntryChecker(index, layout.arrow, snap.partition_by), schema
     )
+    # Bounded: some of the paths of the file list, which the driver holds already.
     return sorted(r["path"] for r in to_arrow(found).to_pylist())
 
 
@@ -303,16 +332,19 @@ def correction(
     index: StoredIndex,
     layout: Layout,
     max_rows_per_file: int,
+    limit: ResultLimit | None = None,
 ) -> SparkCorrection:
     """The correction of ``desired`` (``with_fingerprints``) against the stored index of
-    ``snap``'s files. Two Spark jobs (the sketch, then the counts) settle it; the rest is lazy."""
-    buckets = changed_buckets(spark, desired, snap, index, layout, sketch_bits(snap))
+    ``snap``'s files. Two Spark jobs (the sketch, then the counts) settle it; the rest is lazy.
+    Nothing it brings to the driver passes its result ``limit`` (by default the session's)."""
+    limit = limit or ResultLimit.of(spark)
+    buckets = changed_buckets(spark, desired, snap, index, layout, sketch_bits(snap, limit))
     if not buckets.any():
         nothing = file_frame(spark, []).select(FILE_NO)
         return SparkCorrection(desired.limit(0), TaskRewrites(nothing, snap.files, 0), 0, 0, [])
     held: list[DataFrame] = []
     try:
-        return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, held)
+        return _exact(spark, desired, snap, index, layout, max_rows_per_file, buckets, held, limit)
     except BaseException:
         release(*held)
         raise
@@ -327,6 +359,7 @@ def _exact(
     max_rows_per_file: int,
     buckets: np.ndarray,
     held: list[DataFrame],
+    limit: ResultLimit,
 ) -> SparkCorrection:
     """Step 4 over the rows of the changed ``buckets``; what it caches goes into ``held``."""
     if buckets.mean() > 0.5:  # a filter that keeps most rows costs more than it saves
@@ -336,6 +369,7 @@ def _exact(
         persisted = persisted_rows(spark, snap, index, layout, buckets).persist(StorageLevel.MEMORY_AND_DISK)
         held.append(persisted)
         numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
+        # Bounded: fewer numbers than the sketch's buckets, which ``sketch_bits`` fits.
         keep = F.broadcast(from_arrow(spark, numbers, f"{_BUCKET} long"))
         desired = desired.join(keep, _bucket(F.col(FP_A), _bits_of(buckets)) == keep[_BUCKET], "left_semi")
     fp = [FP_A, FP_B]
@@ -352,12 +386,13 @@ def _exact(
     totals = groups.agg(
         F.sum(F.greatest(F.col(_D) - F.col(_P), F.lit(0))).alias("inserted"),
         F.sum(F.greatest(F.col(_P) - F.col(_D), F.lit(0))).alias("retracted"),
-    ).first()
+    ).first()  # bounded: one row
     assert totals is not None
     inserted, retracted = int(totals["inserted"] or 0), int(totals["retracted"] or 0)
 
     # Few changed groups (a steady view): broadcast them, so neither side is shuffled again.
-    changed = F.broadcast(groups) if inserted + retracted <= BROADCAST_GROUPS else groups
+    # There are at most as many as rows inserted and retracted: (a, b, d, p) each.
+    changed = limit.small_side(groups, inserted + retracted, long_row_bytes(4), most=BROADCAST_GROUPS)
 
     # Retract the persisted copies beyond the earliest d, by file order then position.
     by_position = Window.partitionBy(*fp).orderBy(FILE_NO, POS)
@@ -367,7 +402,7 @@ def _exact(
         .where(F.col(_RN) > F.col(_D))
     )
     drops = retract.groupBy(FILE_NO).agg(F.array_sort(F.collect_list(POS)).alias("drop"))
-    rewrites = drops.join(file_frame(spark, snap.files), FILE_NO)
+    rewrites = drops.join(_file_side(spark, snap, limit), FILE_NO)
 
     # Insert d - p of the desired copies (equal rows: which copies does not matter).
     any_copy = Window.partitionBy(*fp).orderBy(FP_A)
