@@ -581,8 +581,9 @@ class _Epoch:
         before a commit may reference it."""
         files = [*staged.adds, *staged.changes, *vector_files(f.deletion_vector for f in staged.updates)]
         gone: list[str] = []
-        if staged.side is not None and self.ctx.store.get(staged.side.path) is None:
-            gone.append(staged.side.path)
+        if staged.side_paths:
+            found = self.ctx.store.sizes(staged.side_paths)
+            gone += [p for p in staged.side_paths if p not in found]
         if staged.folder and files:
             gone += self.ctx.store.missing(staged.folder, files)
         if gone:

@@ -273,10 +273,10 @@ def test_a_delete_and_its_tombstone_land_together_or_not_at_all(spark, target):
     with pytest.raises(RuntimeError, match="driver died"):
         sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
     assert versions(target) == before and rows_of(target) == Counter([(1, "a", 10)])
-    assert tombstone_files(target) == []  # the attempt's tombstone file went with it
+    assert tombstone_sets(target) == set()  # the attempt's tombstone set went with it
     sink._before_commit = None
     sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
-    assert rows_of(target) == Counter() and len(tombstone_files(target)) == 1
+    assert rows_of(target) == Counter() and len(tombstone_sets(target)) == 1
     sink(spark.createDataFrame([(1, "late", 11, False)], TOMB), 2)
     assert rows_of(target) == Counter()
 
@@ -320,10 +320,11 @@ def test_tombstone_options_are_checked(target):
         tombstoning(target, tombstone_retention="3")
 
 
-def tombstone_files(target: str) -> list[str]:
-    from mvsink.plan.tombstones import folder
+def tombstone_sets(target: str) -> set[str]:
+    """The tombstone sets (folders) of view ``t`` in storage."""
+    from mvsink.plan.tombstones import root
 
-    return sorted(Store(target, {}).files(folder("t")))
+    return {p.removeprefix(root("t") + "/").split("/")[0] for p in Store(target, {}).files(root("t"))}
 
 
 def test_the_distributed_decision_is_exact_when_keys_span_its_chunks(spark, target, monkeypatch):
@@ -378,3 +379,32 @@ def test_a_distributed_upsert_task_holds_a_bounded_share_of_its_partition(tmp_pa
         cwd=os.getcwd(),
     )
     assert done.returncode == 0 and "ok 1200000" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_first_epochs_deletes_leave_tombstones(spark, target, placement):
+    sink = tombstoning(target, placement)
+    sink(spark.createDataFrame([(1, "a", 10, False), (7, None, 20, True)], TOMB), 0)
+    assert status(target).views[0].tombstones == 1
+    sink(spark.createDataFrame([(7, "late", 19, False), (1, "b", 11, False)], TOMB), 1)
+    assert rows_of(target) == Counter([(1, "b", 11)])
+
+
+def test_superseded_tombstone_sets_are_swept_an_hour_after_they_stop_being_current(spark, target):
+    from mvsink.errors import Where
+    from mvsink.plan import tombstones
+    from mvsink.table.delta import load_snapshot
+
+    sink = tombstoning(target)
+    sink(spark.createDataFrame([(1, "a", 10, False)], TOMB), 0)
+    for epoch, key in enumerate((1, 2, 3), start=1):  # each delete writes a new set
+        sink(spark.createDataFrame([(key, None, 20, True)], TOMB), epoch)
+    assert len(tombstone_sets(target)) == 3
+    snap = load_snapshot(target, "mvsink:t", {}, Where("t", target), writing=False)
+    current = tombstones.current(snap, "mvsink:t")
+    assert current is not None
+    store = Store(target, {})
+    assert tombstones.sweep(store, "t", current) == 0  # all younger than an hour
+    later = int(time.time() * 1000) + tombstones.SWEEP_GRACE_MS + 60_000
+    assert tombstones.sweep(store, "t", current, now_ms=later) == 2
+    assert tombstone_sets(target) == {f"{current:016x}"}
+    assert status(target).views[0].tombstones == 3

@@ -3,83 +3,86 @@
 With both ``sequence_column`` and ``delete_column``, a late event never brings a deleted key
 back: an event for a key is compared with the newest of what the table holds for it, its
 stored rows and its tombstone (``upsert._decide``). A delete that takes effect leaves a
-tombstone ``(key, sequence)``; an event newer than the tombstone re-inserts the key and clears
-it; an older (or equal) one is ignored.
+tombstone ``(key, sequence)``; an event newer than the tombstone (or as new) re-inserts the key
+and clears it; an older one is ignored.
 
-The tombstones of a view are one Parquet file in the table's hidden folder::
+A view's tombstones are a **set**: a folder in the table's hidden folder::
 
-    _mvsink/<view>/tombstones/<id>.parquet
+    _mvsink/<view>/tombstones/<number>/part-<n>.parquet ...   the key columns, the sequence
+                                                               column, DELETED_AT (ms)
+    _mvsink/<view>/tombstones/<number>/set.json               its parts, rows, oldest DELETED_AT
 
-holding the key columns, the sequence column and when each tombstone was made
-(``DELETED_AT``, ms). The file the view's current set is in is named by the app transaction
-``mvsink:<view>#tombstones`` = ``<id>`` (a random positive number; none or 0: no tombstones).
-An epoch that changes the set writes a new file with its attempt's files and names it in its
-own commit, so a delete and its tombstone land together or not at all, and every version names
-the set that was true at it. Readers of the view never see them. A file of an attempt that did
-not land is deleted with the attempt's files; a file that stopped being current is swept
-(``sweep``) once it is older than the retention (an attempt planning on a slightly older
-snapshot may still be reading it).
+The set that is current is named by the app transaction ``mvsink:<view>#tombstones`` =
+``<number>`` (a random positive number; none or 0: no tombstones). An epoch that changes the
+set writes a new one with its attempt's files (``write.stage``: on the driver, or by Spark
+tasks on the distributed path, never collected) and names it in its own commit, so a delete
+and its tombstone land in one version or not at all, and every version names the set true at
+it. Readers of the view never see them. The set of an attempt that did not land is deleted
+with the attempt's files; a set that stopped being current is swept (``sweep``) an hour after
+(an attempt planning on a slightly older snapshot may still read it).
 
 Tombstones are kept for ``tombstone_retention`` (default: the table's
-``delta.deletedFileRetentionDuration``, 7 days unset) from their delete, and dropped by the
-next epoch that writes the set after that: an event older than a dropped tombstone's delete
-would then insert its key again. The whole set is read on the driver and rewritten by an epoch
-that changes it (its cost follows the number of tombstones, kept by the retention).
+``delta.deletedFileRetentionDuration``, 7 days unset) from their delete: past it a tombstone
+counts for nothing, and the next set written leaves it out. An event older than an expired
+tombstone's delete would insert its key again. An epoch that changes the set writes it whole
+(its cost follows the number of tombstones the retention keeps); the driver path reads it
+whole (kept while it does not change), the distributed path in Spark tasks.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import random
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import InvariantViolation, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.index import HIDDEN
 from mvsink.table.storage import Store
-from mvsink.table.write import SideFile
+from mvsink.table.write import SideFiles, in_task
 
 log = logging.getLogger(__name__)
 
 DELETED_AT = "__mvsink_deleted_at_ms"
+MANIFEST = "set.json"
 SWEEP_EVERY = 100
+"""Loads between sweeps of superseded sets (the first load sweeps)."""
+SWEEP_GRACE_MS = 3_600_000
+"""How long a set that stopped being current is kept: an attempt still planning on a snapshot
+that named it reads it (one that plans longer fails, and its epoch is retried)."""
 _RECORD = "#tombstones"
 
 
 def record(app_id: str) -> str:
-    """The app transaction naming the view's current tombstone file."""
+    """The app transaction naming the view's current set."""
     return f"{app_id}{_RECORD}"
 
 
-def folder(view: str) -> str:
+def root(view: str) -> str:
     return f"{HIDDEN}/{view}/tombstones"
 
 
-def path(view: str, number: int) -> str:
-    return f"{folder(view)}/{number:016x}.parquet"
+def folder(view: str, number: int) -> str:
+    return f"{root(view)}/{number:016x}"
 
 
 def current(snap: Snapshot, app_id: str) -> int | None:
-    """The number of the view's current tombstone file at ``snap`` (None: no tombstones)."""
-    number = snap.transaction(record(app_id))
-    return number or None
-
-
-def count(store: Store, snap: Snapshot, view: str) -> int | None:
-    """How many tombstones the view's current set holds (its file's row count; None: none)."""
-    number = current(snap, f"mvsink:{view}")
-    if number is None:
-        return None
-    with store.fs.open_input_file(path(view, number)) as fh:
-        return int(pq.ParquetFile(fh).metadata.num_rows)
+    """The number of the view's current set at ``snap`` (None: no tombstones)."""
+    return snap.transaction(record(app_id)) or None
 
 
 def schema_of(arrow: pa.Schema, key: Sequence[str], sequence: str) -> pa.Schema:
@@ -102,45 +105,114 @@ def retention_ms(option: str | None, configuration: Mapping[str, str | None]) ->
     return (DEFAULT_RETENTION_US if table is None else table) // 1000
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """What a set holds: its part files (relative to the table) and rows, and the time of its
+    oldest tombstone (None: it holds none)."""
+
+    parts: tuple[str, ...]
+    rows: int
+    oldest: int | None
+
+    @staticmethod
+    def read(store: Store, view: str, number: int, where: Where | None = None) -> Manifest:
+        data = store.get(f"{folder(view, number)}/{MANIFEST}")
+        if data is None:
+            raise InvariantViolation(
+                f"the view's tombstones ({folder(view, number)}, named by the table) are missing: "
+                "was the table's _mvsink folder deleted? Nothing was written",
+                where,
+            )
+        doc = json.loads(data.to_pybytes())
+        return Manifest(tuple(doc["parts"]), int(doc["rows"]), doc["oldest"])
+
+    def dump(self) -> bytes:
+        return json.dumps({"parts": list(self.parts), "rows": self.rows, "oldest": self.oldest}).encode()
+
+
+def count(store: Store, snap: Snapshot, view: str) -> int | None:
+    """How many tombstones the view's current set holds (None: it keeps none)."""
+    number = current(snap, f"mvsink:{view}")
+    return None if number is None else Manifest.read(store, view, number).rows
+
+
 @dataclass
 class Tombstones:
-    """The tombstone sets a sink read, by file number: a file never changes, so a set read once
-    (or written by this sink) is not read again."""
+    """The sets a sink read, by number: a set never changes, so one read once (or written by
+    this sink on the driver) is not read again."""
 
     number: int | None = None
+    manifest: Manifest | None = None
     rows: pa.Table | None = None
     loads: int = 0
+
+    def manifest_at(
+        self, snap: Snapshot, store: Store, view: str, app_id: str, where: Where
+    ) -> Manifest | None:
+        """The current set's manifest (None: no tombstones). Once every ``SWEEP_EVERY`` calls
+        (from the first), superseded sets are swept."""
+        number = current(snap, app_id)
+        if number is None:
+            return None
+        self.loads += 1
+        if (self.loads - 1) % SWEEP_EVERY == 0:
+            try:
+                sweep(store, view, number)
+            except Exception as exc:  # what stays behind is swept later
+                log.warning("%s: could not sweep superseded tombstone sets: %s", where, exc)
+        if number != self.number:
+            self.number, self.manifest, self.rows = number, None, None
+        if self.manifest is None:
+            self.manifest = Manifest.read(store, view, number, where)
+        return self.manifest
 
     def load(
         self, snap: Snapshot, store: Store, view: str, app_id: str, schema: pa.Schema, where: Where
     ) -> pa.Table:
-        """The view's tombstones at ``snap``. Once every ``SWEEP_EVERY`` loads (from the
-        first), superseded sets are swept (``sweep``)."""
-        number = current(snap, app_id)
-        self.loads += 1
-        if number is not None and (self.loads - 1) % SWEEP_EVERY == 0:
-            try:
-                sweep(store, view, number)
-            except Exception as exc:  # what stays behind is swept later
-                log.warning("%s: could not sweep superseded tombstone files: %s", where, exc)
-        if number is None:
+        """The view's tombstones at ``snap``, on the driver."""
+        manifest = self.manifest_at(snap, store, view, app_id, where)
+        if manifest is None:
             return schema.empty_table()
-        if number == self.number and self.rows is not None:
-            return self.rows
-        data = store.get(path(view, number))
-        if data is None:
-            raise InvariantViolation(
-                f"the view's tombstones ({path(view, number)}, named by version {snap.version}) are "
-                "missing: was the table's _mvsink folder deleted? Nothing was written",
-                where,
-            )
-        rows = pq.read_table(io.BytesIO(data.to_pybytes())).select(schema.names).cast(schema)
-        self.number, self.rows = number, rows
-        return rows
+        if self.rows is None:
+            tables = [_read_part(store, p, schema) for p in manifest.parts]
+            self.rows = pa.concat_tables(tables) if tables else schema.empty_table()
+        return self.rows
 
-    def remember(self, number: int, rows: pa.Table) -> None:
-        """The set this sink's commit made current."""
-        self.number, self.rows = number, rows
+    def remember(self, number: int, rows: pa.Table | None) -> None:
+        """The set this sink's commit made current (its rows, if they are on the driver)."""
+        self.number, self.manifest, self.rows = number, None, rows
+
+
+def _read_part(store: Store, path: str, schema: pa.Schema) -> pa.Table:
+    data = store.get(path)
+    if data is None:
+        raise InvariantViolation(f"a part of the view's tombstones is missing: {path}")
+    return pq.read_table(io.BytesIO(data.to_pybytes())).select(schema.names).cast(schema)
+
+
+def frame(
+    spark: Any, store: Store, manifest: Manifest, schema: pa.Schema, struct: StructType, since: int
+) -> DataFrame:
+    """The set's tombstones made at or after ``since`` (ms), read by Spark tasks (a part each),
+    as rows of ``struct`` (``schema`` in Spark's terms)."""
+    parts = from_arrow(spark, pa.table({"path": list(manifest.parts)}), "path string")
+    parts = parts.repartition(max(1, len(manifest.parts)))
+    read: DataFrame = parts.mapInArrow(_PartReader(store, schema, since), struct)
+    return read
+
+
+@dataclass(frozen=True)
+class _PartReader:
+    store: Store
+    schema: pa.Schema
+    since: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for path in batch.column(0).to_pylist():
+                with in_task(f"reading {path}"):
+                    rows = _read_part(self.store, path, self.schema)
+                yield from rows.filter(pc.greater_equal(rows.column(DELETED_AT), self.since)).to_batches()
 
 
 @dataclass(frozen=True)
@@ -156,83 +228,138 @@ class Changes:
         return bool(self.set.num_rows == 0 and self.cleared.num_rows == 0)
 
 
-def next_set(
-    live: pa.Table, changes: Changes, key: Sequence[str], *, expired: bool, now_ms: int | None = None
-) -> pa.Table | None:
-    """The tombstone set after an epoch: the ``live`` ones (within the retention) less the
-    changed keys, plus the new ones (made now). None: the set stays as it is (no change, and
-    none ``expired``)."""
-    if changes.empty and not expired:
-        return None
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+def next_set(live: pa.Table, changes: Changes, key: Sequence[str], now_ms: int) -> pa.Table:
+    """The set after an epoch, on the driver: the ``live`` tombstones (within the retention)
+    less the changed keys, plus the new ones (made ``now_ms``)."""
     keys = list(key)
     touched = pa.concat_tables([changes.set.select(keys), changes.cleared.select(keys)])
     kept = live
     if touched.num_rows and kept.num_rows:
         kept = kept.join(touched, keys, join_type="left anti").select(live.schema.names)
-    made = changes.set.append_column(DELETED_AT, pa.array(np.full(changes.set.num_rows, now, dtype=np.int64)))
+    made = changes.set.append_column(
+        DELETED_AT, pa.array(np.full(changes.set.num_rows, now_ms, dtype=np.int64))
+    )
     return pa.concat_tables([kept.cast(live.schema), made.select(live.schema.names).cast(live.schema)])
+
+
+def next_frame(
+    live: DataFrame | None, set_: DataFrame, cleared: DataFrame | None, key: Sequence[str], now_ms: int
+) -> DataFrame:
+    """``next_set`` in Spark: ``set_`` (key and sequence) and ``cleared`` (key) are frames."""
+    from pyspark.sql import functions as F
+
+    keys = list(key)
+    made = set_.withColumn(DELETED_AT, F.lit(now_ms).cast("long"))
+    if live is None:
+        return made
+    touched = set_.select(*keys)
+    if cleared is not None:
+        touched = touched.unionByName(cleared.select(*keys))
+    return live.join(touched, keys, "left_anti").unionByName(made)
 
 
 @dataclass(frozen=True)
 class NewSet:
-    """A tombstone set an attempt writes and its commit names."""
+    """A set an attempt writes (``write.stage``) and its commit names: its rows on the driver
+    or in Spark."""
 
     number: int
-    rows: pa.Table
-    app_id: str
     view: str
+    app_id: str
+    rows: pa.Table | DataFrame
+    schema: pa.Schema
 
-    def side(self) -> SideFile:
-        """The file, as the attempt stages it (``write.stage``), and what its commit records."""
-        out = io.BytesIO()
-        pq.write_table(self.rows, out)
-        return SideFile(path(self.view, self.number), out.getvalue(), {record(self.app_id): self.number})
+    def side(self) -> SideFiles:
+        return SideFiles(folder(self.view, self.number), self, {record(self.app_id): self.number})
+
+    def write(self, store: Store) -> list[str]:
+        """Write the set's parts, then its manifest; the paths written."""
+        base = folder(self.view, self.number)
+        if isinstance(self.rows, pa.Table):
+            written = [_write_part(store, base, self.rows.cast(self.schema))] if self.rows.num_rows else []
+        else:
+            # One part per task; what comes back is a row per task.
+            done = to_arrow(self.rows.mapInArrow(_PartWriter(store, base, self.schema), _WRITTEN))
+            written = [
+                (p, int(r), None if o is None else int(o))
+                for p, r, o in zip(
+                    *(done.column(c).to_pylist() for c in ("path", "rows", "oldest")), strict=True
+                )
+                if r
+            ]
+        ages = [o for _, _, o in written if o is not None]
+        manifest = Manifest(
+            tuple(p for p, _, _ in written), sum(r for _, r, _ in written), min(ages) if ages else None
+        )
+        store.put(f"{base}/{MANIFEST}", manifest.dump())
+        return [*(p for p, _, _ in written), f"{base}/{MANIFEST}"]
+
+    def manifest(self, store: Store) -> Manifest:
+        return Manifest.read(store, self.view, self.number)
 
 
-def new_set(view: str, app_id: str, rows: pa.Table) -> NewSet:
-    return NewSet(random.SystemRandom().randrange(1, 1 << 62), rows, app_id, view)
-
-
-SWEEP_GRACE_MS = 3_600_000
-"""How long a tombstone file that stopped being current is kept: an attempt still planning on a
-snapshot that named it reads it (one that plans longer fails, and its epoch is retried)."""
-
-
-def sweep(store: Store, view: str, keep: int, now_ms: int | None = None) -> int:
-    """Delete the view's tombstone files other than the current one (``keep``, which this sink
-    just committed) that are older than ``SWEEP_GRACE_MS``, once the current one is too (a
-    file stopped being current about when the current one was written); how many."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    ages = {p: mtime * 1000 for p, (_, mtime) in store.listing(folder(view)).items()}
-    written = ages.get(path(view, keep))
-    if written is None or written > now - SWEEP_GRACE_MS:
-        return 0
-    gone = [p for p, at in ages.items() if p != path(view, keep) and at < now - SWEEP_GRACE_MS]
-    store.delete_later(gone, "superseded tombstone files")
-    return len(gone)
-
-
-def reader_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f for f in schema if f.name != DELETED_AT])
+def _write_part(store: Store, base: str, rows: pa.Table) -> tuple[str, int, int | None]:
+    path = f"{base}/part-{uuid.uuid4().hex}.parquet"
+    out = io.BytesIO()
+    pq.write_table(rows, out)
+    store.put(path, out.getvalue())
+    oldest = pc.min(rows.column(DELETED_AT)).as_py() if rows.num_rows else None
+    return path, rows.num_rows, oldest
 
 
 @dataclass(frozen=True)
-class TaskReader:
-    """Runs in a Spark task: a tombstone file's keys and sequences (the distributed path)."""
+class _PartWriter:
+    """Runs in a Spark task: its rows of a set as one part file; yields (path, rows, oldest)."""
 
     store: Store
-    path: str
+    base: str
     schema: pa.Schema
-    since: int
-    """Tombstones made before this (ms) are past the retention."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for _ in batches:
-            pass
-        data = self.store.get(self.path)
-        if data is None:
-            raise InvariantViolation(f"the view's tombstones ({self.path}) are missing")
-        rows = pq.read_table(io.BytesIO(data.to_pybytes()))
-        live = rows.filter(pc.greater_equal(rows.column(DELETED_AT), self.since))
-        yield from live.select(self.schema.names).cast(self.schema).to_batches()
+        path = f"{self.base}/part-{uuid.uuid4().hex}.parquet"
+        out = pa.BufferOutputStream()
+        n, oldest = 0, None
+        with in_task(f"writing tombstones under {self.base}"):
+            with pq.ParquetWriter(out, self.schema) as writer:  # batch by batch: rows stay compressed
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    rows = pa.Table.from_batches([batch]).select(self.schema.names).cast(self.schema)
+                    writer.write_table(rows)
+                    n += rows.num_rows
+                    low = pc.min(rows.column(DELETED_AT)).as_py()
+                    oldest = low if oldest is None else min(oldest, low)
+            if n:
+                self.store.put(path, out.getvalue())
+        if n:
+            yield pa.RecordBatch.from_pydict(
+                {"path": [path], "rows": [n], "oldest": [oldest]}, schema=_WRITTEN_ARROW
+            )
+
+
+_WRITTEN = StructType(
+    [StructField("path", StringType()), StructField("rows", LongType()), StructField("oldest", LongType())]
+)
+_WRITTEN_ARROW = pa.schema([("path", pa.string()), ("rows", pa.int64()), ("oldest", pa.int64())])
+
+
+def new_set(view: str, app_id: str, rows: pa.Table | DataFrame, schema: pa.Schema) -> NewSet:
+    return NewSet(random.SystemRandom().randrange(1, 1 << 62), view, app_id, rows, schema)
+
+
+def sweep(store: Store, view: str, keep: int, now_ms: int | None = None) -> int:
+    """Delete the view's sets other than the current one (``keep``) written more than
+    ``SWEEP_GRACE_MS`` ago, once the current one was too (a set stopped being current about
+    when the one after it was written); how many."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    written: dict[str, float] = {}
+    for p, (_, mtime) in store.listing(root(view)).items():
+        name = p.removeprefix(root(view) + "/").split("/", 1)[0]
+        written[name] = max(written.get(name, 0.0), mtime * 1000)
+    mine = f"{keep:016x}"
+    if mine not in written or written[mine] > now - SWEEP_GRACE_MS:
+        return 0
+    gone = [n for n, at in written.items() if n != mine and at < now - SWEEP_GRACE_MS]
+    for name in gone:
+        store.delete_folder(f"{root(view)}/{name}")
+    return len(gone)

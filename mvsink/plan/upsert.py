@@ -52,7 +52,7 @@ from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
 from mvsink.plan.prune import candidate_files, files_in_ranges
 from mvsink.plan.rules import rules_for
-from mvsink.plan.tombstones import Changes, NewSet, Tombstones
+from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
 from mvsink.table.storage import Store
@@ -83,6 +83,32 @@ DECIDE_CHUNK_ROWS = 65_536
 KEY_RANGES = 256
 """Ranges the distributed path cuts touched keys into to prune files (``_key_ranges``)."""
 _ADDRESS = StructType([StructField(n, LongType()) for n in (FILE, POS, FP_A, FP_B)])
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """Where a view's tombstones (``tombstones.py``) stand for one attempt."""
+
+    manifest: Manifest | None
+    """The current set's (None: the view holds none yet)."""
+    schema: pa.Schema
+    now: int
+    """The attempt's time (ms): when the tombstones it makes are made."""
+    since: int
+    """Tombstones made before this (ms) are past the retention: they count for nothing."""
+
+    @property
+    def held(self) -> int:
+        return 0 if self.manifest is None else self.manifest.rows
+
+    @property
+    def expired(self) -> bool:
+        """The current set holds a tombstone past the retention (the next set leaves it out)."""
+        oldest = None if self.manifest is None else self.manifest.oldest
+        return oldest is not None and oldest < self.since
+
+    def live(self, rows: pa.Table) -> pa.Table:
+        return rows.filter(pc.greater_equal(rows.column(tombstones.DELETED_AT), self.since))
 
 
 @dataclass(frozen=True)
@@ -193,9 +219,7 @@ class Upsert:
         self.touched: pa.Table | None = None
         self.attempt: list[DataFrame] = []
         self.made: NewSet | None = None
-        self.since = 0
-        """Tombstones made before this (ms) are past the retention: as if dropped."""
-        self.expired = False
+        """The tombstone set this attempt writes, if any."""
 
     @property
     def keeps_tombstones(self) -> bool:
@@ -208,25 +232,31 @@ class Upsert:
             if self.ranked is None:
                 self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)
             ctx.enforce(stored_rows(self.ranked, schema), rules)
-        tombs = self._tombstones(snap, layout)
         self.made = None
-        if not snap.files and self.touched is None and (tombs is None or tombs.num_rows == 0):
+        marks = self._marks(snap, layout)
+        if not snap.files and self.touched is None and (marks is None or not marks.held):
+            # A first epoch (or one on an emptied target that remembers no delete): the
+            # winners, written by Spark tasks; the deletes among them, the first tombstones.
             plan = Plan(stored_rows(self.ranked, schema), None)
-            if tombs is None:
+            if marks is None:
                 return plan
             with ctx.phase("tombstones"):
-                deletes = to_arrow(self._winners().where(F.col(DEL)).select(*self._held()))
-            cleared = deletes.select(list(self.spec.key)).slice(0, 0)
-            return self._with_tombstones(plan, snap, tombs, Changes(deletes, cleared))
+                deletes = self._winners().where(F.col(DEL)).select(*self._held())
+                if deletes.limit(1).count() == 0:
+                    return plan
+            return self._with_set(
+                plan, marks, tombstones.next_frame(None, deletes, None, self.spec.key, marks.now)
+            )
         self._release_attempt()
-        if self.touched is None and ctx.placement(snap) == "distributed":
-            return self._plan_distributed(snap, layout, tombs)
+        on_driver = marks is None or marks.held <= ctx.opts.driver_max_rows
+        if self.touched is None and (not on_driver or ctx.placement(snap) == "distributed"):
+            return self._plan_distributed(snap, layout, marks)
         if self.touched is None:
             with ctx.phase("collect"):
                 cols = [F.col(quote(c)) for c in schema.names]
                 table = ctx.collect(self._winners().select(*cols, F.col(DEL)))
                 if table is None:  # too big for the driver
-                    return self._plan_distributed(snap, layout, tombs)
+                    return self._plan_distributed(snap, layout, marks)
                 ctx.batch_ran = True  # the touched keys were collected from the whole batch
             with ctx.phase("fingerprint"):
                 rows = table.select(schema.names).cast(layout.arrow)
@@ -237,13 +267,21 @@ class Upsert:
                     .append_column(FP_B, pa.array(b))
                 )
         touched = self.touched
+        live = None
+        if marks is not None:
+            with ctx.phase("tombstones"):
+                live = marks.live(
+                    self.tombstones.load(
+                        snap, ctx.store, ctx.opts.name, ctx.opts.app_id, marks.schema, ctx.where
+                    )
+                )
         with ctx.phase("read"):
             files = [snap.files[i] for i in candidate_files(snap, touched, self.spec.key)]
             tables = self._read(files, layout, snap)
             stored = _stored(tables, touched, self.spec)
         ctx.files_read += len(files)
         with ctx.phase("diff"):
-            insert, drop_file, drop_pos, changes = _decide(touched, stored, self.spec, tombs)
+            insert, drop_file, drop_pos, changes = _decide(touched, stored, self.spec, live)
         rewrites = []
         if len(drop_file):
             order = np.lexsort((drop_pos, drop_file))
@@ -256,7 +294,10 @@ class Upsert:
                 rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
         n = int(insert.sum())
         inserts = touched.filter(pa.array(insert)).select(schema.names) if n else None
-        return self._with_tombstones(Plan(inserts, n, tuple(rewrites)), snap, tombs, changes)
+        plan = Plan(inserts, n, tuple(rewrites))
+        if marks is None or live is None or changes is None or (changes.empty and not marks.expired):
+            return plan
+        return self._with_set(plan, marks, tombstones.next_set(live, changes, self.spec.key, marks.now))
 
     def _winners(self) -> DataFrame:
         assert self.ranked is not None
@@ -267,33 +308,23 @@ class Upsert:
         assert self.spec.sequence_column is not None
         return [F.col(quote(c)) for c in (*self.spec.key, self.spec.sequence_column)]
 
-    def _tombstones(self, snap: Snapshot, layout: Layout) -> pa.Table | None:
-        """The view's tombstones at ``snap`` still within the retention (None: this view keeps
-        none); ``self.expired`` says whether the set held older ones."""
+    def _marks(self, snap: Snapshot, layout: Layout) -> _Marks | None:
+        """Where the view's tombstones stand at ``snap`` (None: this view keeps none)."""
         if not self.keeps_tombstones:
             return None
         assert self.spec.sequence_column is not None
         ctx = self.ctx
         with ctx.phase("tombstones"):
-            shape = tombstones.schema_of(layout.arrow, self.spec.key, self.spec.sequence_column)
-            held = self.tombstones.load(snap, ctx.store, ctx.opts.name, ctx.opts.app_id, shape, ctx.where)
-            retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration)
-            self.since = now_ms() - retention
-            live = held.filter(pc.greater_equal(held.column(tombstones.DELETED_AT), self.since))
-            self.expired = live.num_rows < held.num_rows
-            return live
+            manifest = self.tombstones.manifest_at(snap, ctx.store, ctx.opts.name, ctx.opts.app_id, ctx.where)
+        now = now_ms()
+        retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration)
+        shape = tombstones.schema_of(layout.arrow, self.spec.key, self.spec.sequence_column)
+        return _Marks(manifest, shape, now, now - retention)
 
-    def _with_tombstones(
-        self, plan: Plan, snap: Snapshot, tombs: pa.Table | None, changes: Changes | None
-    ) -> Plan:
-        """``plan``, writing the view's next tombstone set if the epoch changes it."""
-        if tombs is None or changes is None:
-            return plan
+    def _with_set(self, plan: Plan, marks: _Marks, rows: pa.Table | DataFrame) -> Plan:
+        """``plan``, writing ``rows`` as the view's next tombstone set."""
         opts = self.ctx.opts
-        rows = tombstones.next_set(tombs, changes, self.spec.key, expired=self.expired)
-        if rows is None:
-            return plan
-        self.made = tombstones.new_set(opts.name, opts.app_id, rows)
+        self.made = tombstones.new_set(opts.name, opts.app_id, rows, marks.schema)
         return replace(plan, side=self.made.side())
 
     def _read(self, files: list, layout: Layout, snap: Snapshot) -> list[pa.Table]:  # type: ignore[type-arg]
@@ -301,7 +332,7 @@ class Upsert:
         with ThreadPoolExecutor(IO_THREADS) as pool:
             return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
 
-    def _plan_distributed(self, snap: Snapshot, layout: Layout, tombs: pa.Table | None) -> Plan:
+    def _plan_distributed(self, snap: Snapshot, layout: Layout, marks: _Marks | None) -> Plan:
         """The plan made by Spark (``distributed.py``): touched keys are never collected. The
         files that may hold one are read by tasks, their rows of touched keys joined with the
         winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
@@ -330,21 +361,17 @@ class Upsert:
             F.lit(None).cast("long").alias(POS),
             F.lit(0).alias(_SIDE),
         ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
-        number = tombstones.current(snap, ctx.opts.app_id)
-        if tombs is not None and tombs.num_rows and number is not None:
-            # The touched keys' tombstones, read from the view's current set by a task.
-            shape = tombstones.reader_schema(tombs.schema)
-            read = tombstones.TaskReader(ctx.store, tombstones.path(ctx.opts.name, number), shape, self.since)
-            marked = (
-                spark.range(1)
-                .mapInArrow(read, StructType(held_fields))
-                .join(winners.select(*keys), list(spec.key), "left_semi")
-                .withColumn(_SIDE, F.lit(2))
-            )
-            both = both.unionByName(marked, allowMissingColumns=True)
+        live = None
+        if marks is not None and marks.manifest is not None and marks.held:
+            # The view's tombstones, read by tasks; those of touched keys join the decision.
+            shape = tombstones.schema_of(layout.arrow, spec.key, str(spec.sequence_column))
+            struct = StructType([*held_fields, StructField(tombstones.DELETED_AT, LongType())])
+            live = tombstones.frame(spark, ctx.store, marks.manifest, shape, struct, marks.since)
+            marked = live.drop(tombstones.DELETED_AT).join(winners.select(*keys), list(spec.key), "left_semi")
+            both = both.unionByName(marked.withColumn(_SIDE, F.lit(2)), allowMissingColumns=True)
         out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
-        decider = _Decider(spec, layout, tombs is not None, DECIDE_CHUNK_ROWS)
+        decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
         decided = both.repartition(*keys).sortWithinPartitions(*keys).mapInArrow(decider, out)
         decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
         self.attempt.append(decided)
@@ -355,16 +382,6 @@ class Upsert:
                 raise_task_errors(exc, ctx.where)
                 raise
         inserted, retracted = counts.get(0, 0), counts.get(1, 0)
-        changes = None
-        if tombs is not None:
-            with ctx.phase("tombstones"):
-                marks = to_arrow(decided.where(F.col(_KIND) >= 2).select(*self._held(), F.col(_KIND)))
-                kind = marks.column(_KIND).to_numpy(zero_copy_only=False)
-                held_names = [*spec.key, str(spec.sequence_column)]
-                changes = Changes(
-                    marks.filter(pa.array(kind == 2)).select(held_names),
-                    marks.filter(pa.array(kind == 3)).select(list(spec.key)),
-                )
         drops = (
             decided.where(F.col(_KIND) == 1)
             .groupBy(F.col(FILE).alias("file_no"))
@@ -379,7 +396,18 @@ class Upsert:
             inserted,
             TaskRewrites(drops, snap.files, retracted) if retracted else (),
         )
-        return self._with_tombstones(plan, snap, tombs, changes)
+        if marks is None or (counts.get(2, 0) + counts.get(3, 0) == 0 and not marks.expired):
+            return plan
+        # The next set, in Spark: never on the driver.
+        changed = [decided.where(F.col(_KIND) == k) for k in (2, 3)]
+        rows = tombstones.next_frame(
+            live,
+            changed[0].select(*self._held()),
+            changed[1].select(*keys),
+            spec.key,
+            marks.now,
+        )
+        return self._with_set(plan, marks, rows)
 
     def _release_attempt(self) -> None:
         release(*self.attempt)
@@ -387,7 +415,8 @@ class Upsert:
 
     def committed(self, staged: Staged) -> None:
         if self.made is not None and staged.side is not None:
-            self.tombstones.remember(self.made.number, self.made.rows)
+            rows = self.made.rows
+            self.tombstones.remember(self.made.number, rows if isinstance(rows, pa.Table) else None)
 
     def close(self) -> None:
         self._release_attempt()

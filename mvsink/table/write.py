@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -122,14 +122,21 @@ class TaskRewrites:
     retracted: int
 
 
-@dataclass(frozen=True)
-class SideFile:
-    """A file of mvsink's own (in its hidden folder) that an attempt writes with its data files
-    and its commit names, by the app transactions it records: it is current exactly when that
-    commit landed, and deleted with the attempt's files when it did not."""
+class SideWriter(Protocol):
+    def write(self, store: Store) -> list[str]:
+        """Write the files; the paths written."""
+        ...
 
-    path: str
-    data: bytes
+
+@dataclass(frozen=True)
+class SideFiles:
+    """Files of mvsink's own (in its hidden folder, under ``folder``) that an attempt writes
+    with its data files (``writer``, on the driver or in Spark tasks) and its commit names by
+    the app transactions it records: they are current exactly when that commit landed, and
+    deleted with the attempt's files when it did not."""
+
+    folder: str
+    writer: SideWriter
     transactions: Mapping[str, int]
 
 
@@ -146,7 +153,7 @@ class Plan:
     """Where the staged files' index entries go (complete mode keeps an index), if anywhere."""
     files_read: int = 0
     """Data files of the snapshot read to make this plan."""
-    side: SideFile | None = None
+    side: SideFiles | None = None
 
     @property
     def retracted(self) -> int:
@@ -171,7 +178,9 @@ class Staged:
     """Change files (Change Data Feed): the retracted and inserted rows, with ``CHANGE_TYPE``."""
     updates: tuple[DataFile, ...] = ()
     """Files of ``removes`` added again with a new deletion vector (which drops rows of theirs)."""
-    side: SideFile | None = None
+    side: SideFiles | None = None
+    side_paths: tuple[str, ...] = ()
+    """The files ``side`` wrote."""
 
     @property
     def bytes_written(self) -> int:
@@ -215,8 +224,7 @@ def stage(
     if plan.inserts is None and not plan.rewrites:
         if plan.side is None:
             return NOTHING
-        _put_side(store, plan.side, where)
-        return replace(NOTHING, side=plan.side)
+        return replace(NOTHING, side=plan.side, side_paths=_write_side(store, plan.side, where))
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
     changes = change_feed and bool(plan.rewrites)
     changes_folder = f"{folder}/{CHANGE_DIR}" if changes else None
@@ -224,8 +232,7 @@ def stage(
     removes: tuple[DataFile, ...] = ()
     written: list[Written] = []
     updates: list[_Kept] = []
-    if plan.side is not None:
-        _put_side(store, plan.side, where)
+    side_paths = _write_side(store, plan.side, where) if plan.side is not None else ()
     try:
         kept = 0
         with ThreadPoolExecutor(IO_THREADS) as pool:
@@ -338,16 +345,22 @@ def stage(
         tuple(w.file for w in changed),
         tuple(u.update for u in updates if u.update is not None),
         plan.side,
+        side_paths,
     )
 
 
-def _put_side(store: Store, side: SideFile, where: Where) -> None:
+def _write_side(store: Store, side: SideFiles, where: Where) -> tuple[str, ...]:
     try:
-        store.put(side.path, side.data)
+        return tuple(side.writer.write(store))
     except OSError as exc:
+        store.delete_folder(side.folder)
         raise StorageError(
-            f"cannot write {side.path}: {first_line(exc)}. Nothing was committed.", where
+            f"cannot write {side.folder}: {first_line(exc)}. Nothing was committed.", where
         ) from exc
+    except Exception as exc:
+        store.delete_folder(side.folder)
+        raise_task_errors(exc, where)
+        raise
 
 
 def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
@@ -357,17 +370,17 @@ def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
         if index is not None:
             index.forget(f.path for f in staged.adds)
     if staged.side is not None:
-        store.delete([staged.side.path])
+        store.delete_folder(staged.side.folder)
 
 
 def _discard(
-    store: Store, folder: str, index: StoredIndex | None, written: list[Written], side: SideFile | None
+    store: Store, folder: str, index: StoredIndex | None, written: list[Written], side: SideFiles | None
 ) -> None:
     store.delete_folder(folder)
     if index is not None:
         index.forget(w.file.path for w in written)
     if side is not None:
-        store.delete([side.path])
+        store.delete_folder(side.folder)
 
 
 def clustered(
