@@ -410,6 +410,7 @@ def upsert_sink(target: str, ckpt: str, **options: object) -> MVSink:
     return MVSink(target, "u", mode="upsert", key=["id"], clock="source_offsets", checkpoint=ckpt, **options)
 
 
+@pytest.mark.usefixtures("engine")  # decided before the commit, checked on both engines
 def test_a_new_checkpoints_first_upsert_batch_must_start_at_or_before_the_committed_time(
     spark, tmp_path, local_target, caplog
 ):
@@ -441,6 +442,7 @@ def test_a_new_checkpoints_first_upsert_batch_must_start_at_or_before_the_commit
     assert any("start is unknown" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.usefixtures("engine")  # decided before the commit, checked on both engines
 def test_a_kafka_querys_first_batch_starts_at_its_recorded_initial_offsets(spark, tmp_path, local_target):
     rows = spark.createDataFrame([(1, "a")], SCHEMA)
     a = offsets_checkpoint(tmp_path / "a", "qa", {0: ['{"t":{"0":5,"1":2}}']})
@@ -464,6 +466,7 @@ def test_a_kafka_querys_first_batch_starts_at_its_recorded_initial_offsets(spark
     assert replica("earliest", b'\x00v1\n{"t":{"0":0,"1":0}}')(rows, 0).outcome == "committed"
 
 
+@pytest.mark.usefixtures("engine")  # decided before the commit, checked on both engines
 def test_a_callable_clocks_upsert_batch_with_an_unknown_start_is_refused(spark, local_target):
     """A callable clock says where batches end: a batch starts where the clock put the batch
     before it (seen in this process), or where its own lineage's last commit left the view."""

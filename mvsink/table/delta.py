@@ -8,6 +8,7 @@ compare-and-append. Every delta-rs error is mapped to an mvsink error here.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -690,31 +691,46 @@ def compare_and_append(
     if snap._jvm is not None:
         jvm_commit = _prepare_jvm(snap, adds, removes, changes, updates, props, data_change, where)
     landed: int | None = None
+    # mvsink's delta-rs commits to a local table take the commit turn too: the JVM's local
+    # store replaces a commit file it found free a moment before (``jvm_delta.commit_turn``).
+    turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if jvm_commit is None and is_local(snap.root):
+        from mvsink.table.jvm_delta import commit_turn
+
+        turn = commit_turn(snap.root)
     # Only the commit call is inside: whatever it raises, the log decides what it did.
     try:
-        if snap.version is None:
-            create_table_with_add_actions(
-                snap.root,
-                Schema.from_json(schema_json),
-                add_actions,
-                mode="error",
-                partition_by=parts,
-                storage_options=dict(snap.storage_options) or None,
-                commit_properties=props,
-                post_commithook_properties=_NO_HOOKS,
-            )
-        elif jvm_commit is not None:
-            landed = jvm_commit()
-        else:
-            dt: DeltaTable = snap._table
-            dt.create_write_transaction(
-                [*remove_actions, *add_actions],
-                mode="append",
-                schema=dt.schema(),
-                partition_by=parts,
-                commit_properties=props,
-                post_commithook_properties=_NO_HOOKS,
-            )
+        with turn:
+            if snap.version is None:
+                create_table_with_add_actions(
+                    snap.root,
+                    Schema.from_json(schema_json),
+                    add_actions,
+                    mode="error",
+                    partition_by=parts,
+                    storage_options=dict(snap.storage_options) or None,
+                    commit_properties=props,
+                    post_commithook_properties=_NO_HOOKS,
+                )
+            elif jvm_commit is not None:
+                landed = jvm_commit()
+                # The JVM's store may replace a commit file (local disk: check, then rename), so
+                # its success proves nothing the log does not show: raising lets the log decide.
+                if landed == version and commit_attempt(log_files, version) != attempt_id:
+                    raise MVSinkError(
+                        f"the session's Delta reported version {version} committed, and its log file "
+                        "holds another commit"
+                    )
+            else:
+                dt: DeltaTable = snap._table
+                dt.create_write_transaction(
+                    [*remove_actions, *add_actions],
+                    mode="append",
+                    schema=dt.schema(),
+                    partition_by=parts,
+                    commit_properties=props,
+                    post_commithook_properties=_NO_HOOKS,
+                )
         failpoints.hit("after_commit_call")
         if _after_call is not None:
             _after_call()

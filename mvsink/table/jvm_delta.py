@@ -14,6 +14,12 @@ commit's ``tags`` (the JVM writes only its own ``commitInfo`` fields) and the on
 into ``userMetadata``. The JVM fills in what the table's features need (row ids and their
 high-water mark, ...).
 
+A commit is only as exclusive as the log store Delta writes it with: ``check_store`` asks
+Delta which one it resolves for the table's path and refuses one two writers could both "win"
+a version through. On local disk Delta's store checks, then renames (which replaces there):
+exclusive within one JVM only, so mvsink's commits to a local table take turns across
+processes (``commit_turn``), and ``delta.compare_and_append`` reads every commit back.
+
 Everything here is a Delta internal reached through py4j: classic sessions only (Spark Connect
 has no py4j), checked against the Delta versions it was tested with (``TESTED``). This is the
 only module that knows them.
@@ -21,11 +27,13 @@ only module that knows them.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mvsink.compat import from_arrow, to_arrow
@@ -66,6 +74,8 @@ class JvmDelta:
         self._spark = spark
         self._jvm = spark._jvm
         self._jspark = jspark
+        self._stores: dict[str, str] = {}
+        """``check_store``'s verdicts by URI scheme (the JVM's store conf is fixed at its start)."""
         try:
             self.version = str(self._module("io.delta.package$").VERSION())
         except Exception:
@@ -120,26 +130,42 @@ class JvmDelta:
                 "reach the same store"
             )
 
-    def check_store(self, root: str) -> None:
-        """Refuse a store where the session's Delta cannot commit strictly across writers (also
-        for a table not made yet: delta-rs makes it, and the next epoch would be refused)."""
-        scheme = root.split("://", 1)[0] if "://" in root else "file"
-        if scheme in ("s3", "s3a", "s3n"):
-            conf = self._jspark.conf()
-            store = " ".join(
-                str(conf.get(key, ""))
-                for key in (
-                    f"spark.delta.logStore.{scheme}.impl",
-                    "spark.delta.logStore.s3a.impl",
-                    "spark.delta.logStore.class",
-                )
-            )
-            if "DynamoDB" not in store:
-                raise Unavailable(
-                    "on S3 the session's Delta commits with S3SingleDriverLogStore, which two writers "
-                    "can both 'win' (no conditional put): configure S3DynamoDBLogStore "
-                    f"(spark.delta.logStore.{scheme}.impl) to commit through the JVM Delta on S3"
-                )
+    def check_store(self, root: str) -> str:
+        """Refuse, before anything is staged, a store where the session's Delta cannot commit a
+        version exclusively across writers (also for a table not made yet: delta-rs makes it,
+        and the next epoch would be refused); else say how its commits are exclusive:
+        ``"store"`` (Delta's log store makes them so, across processes and machines) or
+        ``"local"`` (local disk: Delta's store does within one JVM only, and mvsink's commits
+        to the table take turns across processes, ``commit_turn``).
+
+        The store is the one Delta itself resolves for the table's log path as the JVM is
+        handed it (``jvm_path``: ``s3a://`` for an ``s3://`` target), from the JVM's startup
+        conf (``SparkEnv``'s, which ``spark.conf.set`` does not reach), as ``DeltaLog`` does."""
+        path = jvm_path(root).rstrip("/") + "/_delta_log"
+        scheme = path.split("://", 1)[0].lower() if "://" in path else "file"
+        known = self._stores.get(scheme)
+        if known is None:
+            known = _store_kind(self._store_class(path, scheme), scheme)
+            self._stores[scheme] = known
+        return known
+
+    def _store_class(self, path: str, scheme: str) -> str:
+        """The class of the log store Delta commits through for ``path`` (a delegating
+        store's delegate for the path's scheme, a Java store's own class, not its adaptor)."""
+        try:
+            store = self._module("org.apache.spark.sql.delta.storage.LogStore$").apply(self._jspark)
+            if store.getClass().getName().endswith(".DelegatingLogStore"):
+                store = store.getDelegate(self._jvm.org.apache.hadoop.fs.Path(path))
+            if store.getClass().getName().endswith(".LogStoreAdaptor"):
+                store = store.logStoreImpl()
+            return str(store.getClass().getName())
+        except Exception as exc:
+            java = getattr(exc, "java_exception", None)  # py4j's error: the JVM's is the news
+            raise Unavailable(
+                f"the session's Delta cannot make its log store for {scheme}:// paths "
+                f"({_STORE_CONF.format(scheme=scheme)}): "
+                f"{first_line(exc) if java is None else str(java.toString())[:500]}"
+            ) from None
 
     def _files(self, root: str, version: int) -> Any:
         """The add actions of the table at ``root`` as of ``version``: a PySpark DataFrame over
@@ -201,7 +227,8 @@ class JvmDelta:
         """Everything up to the commit call (whose failure cannot have landed anything): a
         transaction on ``read_version`` of the table at ``root`` with ``actions`` (Delta-log
         JSON objects). The returned call commits it, strictly as ``read_version + 1``, one
-        attempt, and returns the version it landed as."""
+        attempt, and returns the version it landed as. On local disk the call first waits
+        for the table's commit turn (``commit_turn``)."""
         jvm = self._jvm
         none = jvm.scala.Option.empty()
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
@@ -223,12 +250,14 @@ class JvmDelta:
         else:
             clone.conf().unset(USER_METADATA_CONF)
         sessions = jvm.org.apache.spark.sql.SparkSession
+        local = self.check_store(root) == "local"
 
         def commit() -> int:
             previous = sessions.getActiveSession()
             sessions.setActiveSession(clone)
             try:
-                return int(txn.commit(seq, operation, tag_map))
+                with commit_turn(root) if local else contextlib.nullcontext():
+                    return int(txn.commit(seq, operation, tag_map))
             finally:
                 if previous.isDefined():
                     sessions.setActiveSession(previous.get())
@@ -252,6 +281,95 @@ class JvmDelta:
         if not dry_run:
             return []
         return [_relative(root, str(row.getString(0))) for row in rows]
+
+
+_STORE_CONF = "spark.delta.logStore.{scheme}.impl"
+_DELTA_STORES = ("io.delta.storage.", "org.apache.spark.sql.delta.storage.")
+"""Packages of Delta's own log stores (the Java ones and their older Scala twins)."""
+_EXCLUSIVE = {
+    "S3DynamoDBLogStore": ("s3", "s3a", "s3n"),
+    "GCSLogStore": ("gs",),
+    "AzureLogStore": ("abfs", "abfss", "adl", "wasb", "wasbs"),
+    "HDFSLogStore": ("hdfs",),
+}
+"""Delta's log stores that commit a version exclusively across processes and machines, by the
+schemes they do so on (Delta's documentation: a DynamoDB lock; GCS preconditions; Azure's and
+HDFS's rename, which refuses an existing target)."""
+_LOCAL = ("HDFSLogStore", "LocalLogStore")
+"""Delta's log stores on local disk: they check that the version is free, then rename, which
+replaces on a local (or NFS) file system; Delta serializes the two within one JVM only."""
+COMMIT_LOCK = "_mvsink/commit.lock"
+"""The file whose lock is a local table's commit turn (``commit_turn``), under its root."""
+COMMIT_TURN_TIMEOUT_S = 600.0
+"""How long a commit waits for another process's commit to the same local table."""
+
+
+def _store_kind(name: str, scheme: str) -> str:
+    """``JvmDelta.check_store``'s verdict on the log store class ``name`` for ``scheme`` paths."""
+    short = name.rsplit(".", 1)[-1] if name.startswith(_DELTA_STORES) else name
+    if scheme == "file" and short in _LOCAL:
+        if importlib.util.find_spec("fcntl") is None:
+            raise Unavailable(
+                f"on local disk the session's Delta commits with {short}, which is exclusive within "
+                "one JVM only, and mvsink's commit turn across processes needs POSIX file locks, "
+                "which this platform does not have"
+            )
+        return "local"
+    if scheme in _EXCLUSIVE.get(short, ()):
+        return "store"
+    key = _STORE_CONF.format(scheme=scheme)
+    if short == "S3SingleDriverLogStore":
+        raise Unavailable(
+            f"on S3 the session's Delta commits {scheme}:// paths with S3SingleDriverLogStore, which "
+            "two writers can both 'win' (no conditional put): configure S3DynamoDBLogStore "
+            f"({key}; Delta is handed an s3:// target as s3a://) when the session starts (a "
+            "value set later with spark.conf.set is not read) to commit through the JVM Delta "
+            "on S3"
+        )
+    accepted = ", ".join(f"{store} on {'/'.join(schemes)}" for store, schemes in _EXCLUSIVE.items())
+    raise Unavailable(
+        f"the session's Delta commits {scheme}:// paths with {name} ({key}), which mvsink does not "
+        f"know to commit a version exclusively across writers (two could both 'win' it); it "
+        f"accepts {accepted}, and {' or '.join(_LOCAL)} on local disk"
+    )
+
+
+@contextlib.contextmanager
+def commit_turn(root: str) -> Iterator[None]:
+    """Hold the commit turn of the local table at ``root``: an exclusive ``flock`` on its
+    ``COMMIT_LOCK``, taken by every mvsink commit through the JVM to the table, for as long as
+    Delta's commit call runs (its check that the version is free, its rename, and the files it
+    writes for that version after it: checksum, checkpoint).
+
+    Delta's local store checks that the version is free and then renames into place, which
+    replaces a file on a local file system: two JVMs committing at once can both land the
+    same version, the second replacing the first, and both report success. Taking turns
+    makes the second see the version taken. It binds only writers that take the turn: a
+    commit by another Delta writer (a Spark job's own write) can still race mvsink's, and on
+    NFS the lock holds across machines only where the mount supports locks (``lockd`` or
+    NFSv4); ``delta.compare_and_append`` reads every commit back to catch what is left."""
+    import fcntl
+
+    local = root.removeprefix("file://")
+    lock = os.path.join(local, COMMIT_LOCK)
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + COMMIT_TURN_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Refused(
+                        f"another process held the commit turn of {local} ({lock}) for "
+                        f"{COMMIT_TURN_TIMEOUT_S:.0f} s; nothing was committed"
+                    ) from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 _DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")

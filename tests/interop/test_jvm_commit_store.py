@@ -1,0 +1,283 @@
+"""The log store the session's Delta commits through (``jvm_delta.JvmDelta.check_store``).
+
+The engine asks Delta itself which log store it uses for the exact path it hands Delta
+(``s3a://`` for an ``s3://`` target; chosen from the JVM's startup conf, not the session's
+runtime conf) and refuses a store two writers can both "win" a version through. On local disk,
+where Delta's store checks that a version is free and then renames (which replaces), mvsink's
+commits to one table take turns across processes, and every JVM commit is read back from the
+log: a commit another writer replaced is reported lost, never committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql import SparkSession
+
+from mvsink import MVSink, UnsupportedTableError
+from mvsink.table.jvm_delta import JvmDelta, Unavailable
+from tests.delta_session import delta_conf
+from tests.helpers import commit_info, store, versions
+from tests.interop.test_delta_jvm import view
+
+STORES = "io.delta.storage."
+DYNAMODB = STORES + "S3DynamoDBLogStore"
+
+
+@contextlib.contextmanager
+def startup_conf(spark: SparkSession, values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in the JVM's startup conf (``SparkEnv``'s, where Delta looks for its log
+    stores), as ``--conf`` at launch would put them; restored afterwards."""
+    conf = spark._jvm.org.apache.spark.SparkEnv.get().conf()  # type: ignore[union-attr]
+    saved = {key: conf.getOption(key) for key in values}
+    for key, value in values.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old.isDefined():
+                conf.set(key, old.get())
+            else:
+                conf.remove(key)
+
+
+@pytest.mark.parametrize(
+    ("root", "conf", "verdict"),
+    [
+        ("/lake/view", {}, "local"),
+        ("hdfs://nn/lake/view", {}, "store"),
+        ("gs://lake/view", {}, "store"),
+        ("abfss://c@a.dfs.core.windows.net/view", {}, "store"),
+        ("s3://lake/view", {}, "S3SingleDriverLogStore"),
+        # Delta is handed s3a://: a store set for s3 does not apply.
+        ("s3://lake/view", {"spark.delta.logStore.s3.impl": DYNAMODB}, "S3SingleDriverLogStore"),
+        # For s3a it does: Delta makes that store (its jar is not in these sessions).
+        ("s3://lake/view", {"spark.delta.logStore.s3a.impl": DYNAMODB}, "S3DynamoDBLogStore"),
+        ("gs://lake/view", {"spark.delta.logStore.gs.impl": STORES + "LocalLogStore"}, "LocalLogStore"),
+        ("/lake/view", {"spark.delta.logStore.file.impl": STORES + "GCSLogStore"}, "GCSLogStore"),
+    ],
+    ids=["local", "hdfs", "gcs", "azure", "s3", "s3-key", "s3a-key", "gcs-local-store", "local-gcs-store"],
+)
+def test_the_store_is_the_one_delta_resolves_for_the_path_it_is_handed(spark, root, conf, verdict):
+    with startup_conf(spark, conf):
+        if verdict in ("local", "store"):
+            assert JvmDelta(spark).check_store(root) == verdict
+        else:
+            with pytest.raises(Unavailable, match=verdict) as info:
+                JvmDelta(spark).check_store(root)
+            print(info.value)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "s3a"])
+def test_a_store_set_with_spark_conf_set_is_refused_as_the_one_delta_ignores(spark, scheme):
+    """``spark.conf.set`` does not reach the conf Delta picks its log store from (and a store
+    for ``s3`` would not apply to the ``s3a://`` path Delta is handed anyway): the S3 table is
+    refused as with no store set, before anything is staged."""
+    import uuid
+
+    from tests.s3server import BUCKET
+
+    target = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+    key = f"spark.delta.logStore.{scheme}.impl"
+    spark.conf.set(key, DYNAMODB)
+    try:
+        with pytest.raises(UnsupportedTableError, match="S3SingleDriverLogStore") as info:
+            MVSink(target, "v", engine="delta-spark")(view(spark, range(0, 8)), 0)
+    finally:
+        spark.conf.unset(key)
+    assert "spark.conf.set" in str(info.value) and "nothing was staged" in str(info.value)
+    assert store(target).files("") == []  # nothing written
+
+
+SLOW_COMMIT_FS = """
+package mvsinktest;
+
+import java.io.IOException;
+import java.net.URI;
+import java.net.URISyntaxException;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.DelegateToFileSystem;
+import org.apache.hadoop.fs.FileAlreadyExistsException;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.RawLocalFileSystem;
+
+/** Local disk on which renaming a Delta commit file into place happens a while after the
+ *  rename checked that the target is free (as on a busy NFS server). */
+public class SlowCommitFs extends DelegateToFileSystem {
+    private final long delayMs;
+
+    public SlowCommitFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
+        super(uri, new RawLocalFileSystem(), conf, "file", false);
+        delayMs = conf.getLong("mvsinktest.commitDelayMs", 0);
+    }
+
+    @Override
+    public boolean isValidName(String src) {
+        return true;
+    }
+
+    /** What rename(src, dst, NONE) comes down to on local disk: check that dst is free, then
+     *  rename (which replaces); for a commit file, with a pause in between. */
+    @Override
+    public void renameInternal(Path src, Path dst) throws IOException {
+        if (!dst.getParent().getName().equals("_delta_log") || !dst.getName().endsWith(".json")) {
+            super.renameInternal(src, dst);
+            return;
+        }
+        if (fsImpl.exists(dst)) {
+            throw new FileAlreadyExistsException("rename destination " + dst + " already exists");
+        }
+        try {
+            Thread.sleep(delayMs);
+        } catch (InterruptedException e) {
+            throw new IOException(e);
+        }
+        if (!fsImpl.rename(src, dst)) {
+            throw new IOException("could not rename " + src + " to " + dst);
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_commit_fs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Session conf that puts local disk behind ``SlowCommitFs`` (compiled here: needs a JDK)."""
+    import shutil
+
+    import pyspark
+
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac: the slow local file system of this test is compiled from source")
+    folder = tmp_path_factory.mktemp("slowfs")
+    source = folder / "SlowCommitFs.java"
+    source.write_text(SLOW_COMMIT_FS)
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
+    subprocess.run(
+        [javac, "-nowarn", "-cp", jars, "-d", str(folder / "classes"), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    return {
+        "spark.driver.extraClassPath": str(folder / "classes"),
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": "mvsinktest.SlowCommitFs",
+        "spark.hadoop.mvsinktest.commitDelayMs": "1500",
+    }
+
+
+RACER = r"""
+import contextlib, json, os, sys, time
+sys.path.insert(0, os.getcwd())
+import mvsink.table.jvm_delta
+from mvsink.cli.session import local_session
+from mvsink.errors import CommitOutcomeUnknownError, ConflictError, Where
+from mvsink.table.delta import NewFile, compare_and_append, load_snapshot
+from mvsink.table.storage import Store
+
+tables, sync, me, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+skip_turn = {int(r) for r in sys.argv[5].split(",") if r}
+spark = local_session(f"racer-{me}", conf={"spark.driver.memory": "1g", **json.loads(sys.argv[6])})
+take_turn = getattr(mvsink.table.jvm_delta, "commit_turn", None)
+
+
+def barrier(name):
+    open(os.path.join(sync, f"{name}.{me}"), "w").close()
+    while sum(f.startswith(name + ".") for f in os.listdir(sync)) < 2:
+        time.sleep(0.0002)
+
+
+out = []
+for r in range(rounds):
+    target = os.path.join(tables, f"t{r}")
+    where = Where("race", target, r)
+    # In these rounds this process commits as a writer that does not take mvsink's turn would.
+    if r in skip_turn:
+        mvsink.table.jvm_delta.commit_turn = lambda root: contextlib.nullcontext()
+    elif take_turn is not None:
+        mvsink.table.jvm_delta.commit_turn = take_turn
+    snap = load_snapshot(target, "mvsink:race", {}, where, engine="delta-spark", spark=spark)
+    prepare = snap._jvm.prepare
+
+    def synced(*args, _prepare=prepare, _r=r):
+        commit = _prepare(*args)
+
+        def call():
+            barrier(f"go{_r}")  # both transactions are ready: commit at once
+            return commit()
+
+        return call
+
+    snap._jvm.prepare = synced
+    adds = [NewFile(f"{me}-{r}-{i}.parquet", 1000, 10, '{"numRecords":10}') for i in range(10)]
+    try:
+        version = compare_and_append(
+            snap, Store(snap.root), adds=adds, removes=[], app_id="mvsink:race", upper=1,
+            attempt_id=f"{me}-{r}", metadata={}, schema_json=snap.schema_json, partition_by=[],
+            where=where,
+        )
+        out.append(["committed", version])
+    except ConflictError as exc:
+        out.append(["conflict", str(exc)])
+    except CommitOutcomeUnknownError as exc:
+        out.append(["unknown", str(exc)[:300]])
+print(json.dumps(out))
+"""
+
+
+def test_two_processes_on_the_jvm_engine_racing_on_local_disk_never_both_win_a_version(
+    tmp_path, slow_commit_fs
+):
+    """Two processes, each with its own Spark session and JVM Delta, commit to one local table
+    at the same moment, on a disk slow enough that both are inside Delta's check-then-rename
+    at once (``SlowCommitFs``): never do both report the same version committed; the one that
+    does holds that version in the log, the other reports a conflict. mvsink's commits take
+    turns (first rounds); a writer that does not take the turn replaces a commit, and the
+    commit read back from the log is reported lost, not committed (last round)."""
+    rounds, skip_turn = 3, "2"
+    tables, sync = tmp_path / "tables", tmp_path / "sync"
+    sync.mkdir()
+    for r in range(rounds):
+        write_deltalake(str(tables / f"t{r}"), pa.table({"id": pa.array([1], pa.int64())}))
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow_commit_fs})
+    procs = {
+        me: subprocess.Popen(
+            [sys.executable, str(script), str(tables), str(sync), me, str(rounds), skip, conf],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+            cwd=os.getcwd(),
+        )
+        for me, skip in (("a", ""), ("b", skip_turn))
+    }
+    results = {}
+    for me, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results[me] = json.loads(out.strip().splitlines()[-1])
+    print("race outcomes:", results)
+    for r in range(rounds):
+        target = str(tables / f"t{r}")
+        won = [me for me in results if results[me][r][0] == "committed"]
+        assert len(won) <= 1, f"round {r}: both processes report version {results['a'][r][1]} committed"
+        assert versions(target) == [0, 1]
+        holder = commit_info(target, 1)["mvsink.attempt"]
+        # The one that reports the version committed is the one the log shows; the other lost.
+        assert won == [holder.split("-")[0]], (r, results["a"][r], results["b"][r], holder)
+        lost = next(me for me in results if me not in won)
+        assert results[lost][r][0] == "conflict", results[lost][r]
+        if str(r) in skip_turn.split(","):
+            # Both renamed into place; the one replaced read its version back and lost.
+            assert "reported version 1 committed, and its log file holds another" in results[lost][r][1]
