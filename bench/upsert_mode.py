@@ -6,7 +6,13 @@ then each epoch changes C keys, either clustered (one run of consecutive ids) or
 for mvsink (``MVSink(mode="upsert", key=["id"])`` fed the change set as a Spark DataFrame) and
 for ``DeltaTable.merge`` of the same change set from Arrow (conversion not timed).
 
+``--deletes P``: P% of each epoch's changes are deletes, every row carries a sequence (the
+epoch), and mvsink runs with ``sequence_column`` and ``delete_column``, so it keeps
+tombstones (the set grows by the deletes of every epoch); the MERGE deletes matched keys,
+updates older ones, and keeps no tombstones. ``--placement distributed`` plans in Spark tasks.
+
     python bench/upsert_mode.py --rows 10000000 --changes 10000 --pattern scattered
+    python bench/upsert_mode.py --rows 2000000 --changes 100000 --deletes 20 --placement distributed
 """
 
 from __future__ import annotations
@@ -43,28 +49,40 @@ def log_figures(path: str, version: int) -> tuple[int, int]:
     return added, removed
 
 
-def changes(rows: int, count: int, pattern: str, epoch: int, rng: np.random.Generator) -> pa.Table:
+def changes(
+    rows: int, count: int, pattern: str, epoch: int, rng: np.random.Generator, deletes: float = 0.0
+) -> pa.Table:
     if pattern == "clustered":
         start = (epoch * 7919 * count) % (rows - count)
         ids = np.arange(start, start + count, dtype=np.int64)
     else:
         ids = np.sort(rng.choice(rows, size=count, replace=False)).astype(np.int64)
-    return pa.table(
-        {
-            "id": ids,
-            "k": (ids % 7).astype(np.int32),
-            "x": ids / 2 + epoch,
-            "s": pa.array([f"s-{i}-e{epoch}" for i in ids]),
-        }
-    )
+    columns = {
+        "id": ids,
+        "k": (ids % 7).astype(np.int32),
+        "x": ids / 2 + epoch,
+        "s": pa.array([f"s-{i}-e{epoch}" for i in ids]),
+    }
+    if deletes:
+        columns["seq"] = np.full(count, epoch, dtype=np.int64)
+        columns["del"] = rng.random(count) < deletes / 100
+    return pa.table(columns)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     spark = local_session("mvsink-bench-upsert", conf={"spark.driver.memory": "8g"})
     root = tempfile.mkdtemp(prefix="mvsink-bench-upsert-")
     ours, merged = os.path.join(root, "mvsink"), os.path.join(root, "merge")
+    sequenced = {"sequence_column": "seq", "delete_column": "del"} if args.deletes else {}
     sink = MVSink(
-        ours, "bench", mode="upsert", key=["id"], max_rows_per_file=args.file_rows, cluster_by=["id"]
+        ours,
+        "bench",
+        mode="upsert",
+        key=["id"],
+        max_rows_per_file=args.file_rows,
+        cluster_by=["id"],
+        placement=args.placement,
+        **sequenced,
     )
     rng = np.random.default_rng(7)
     results: dict[str, list[dict[str, float]]] = {"mvsink": [], "merge": []}
@@ -74,17 +92,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             (F.col("id") % 7).cast("int").alias("k"),
             (F.col("id") / 2).alias("x"),
             F.concat(F.lit("s-"), F.col("id").cast("string")).alias("s"),
+            *([F.lit(0).cast("long").alias("seq"), F.lit(False).alias("del")] if args.deletes else []),
         )
         t = time.perf_counter()
         sink(base, 0)
         print(f"initial load: mvsink {time.perf_counter() - t:.1f}s", flush=True)
         t = time.perf_counter()
         # About as many rows a file as mvsink's (13 bytes a row, compressed), ordered by id.
-        write_deltalake(merged, to_arrow(base), target_file_size=args.file_rows * 13)
+        write_deltalake(merged, to_arrow(base.drop("del")), target_file_size=args.file_rows * 13)
         print(f"initial load: merge table {time.perf_counter() - t:.1f}s (from Spark via Arrow)", flush=True)
         for epoch in range(1, args.epochs + 1):
-            change = changes(args.rows, args.changes, args.pattern, epoch, rng)
-            df = from_arrow(spark, change, "id long, k int, x double, s string")
+            change = changes(args.rows, args.changes, args.pattern, epoch, rng, args.deletes)
+            schema = "id long, k int, x double, s string" + (
+                ", seq long, del boolean" if args.deletes else ""
+            )
+            df = from_arrow(spark, change, schema)
             t = time.perf_counter()
             report = sink(df, epoch)
             results["mvsink"].append(
@@ -97,13 +119,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
             t = time.perf_counter()
-            (
-                DeltaTable(merged)
-                .merge(change, predicate="t.id = s.id", source_alias="s", target_alias="t")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute()
+            merge = DeltaTable(merged).merge(
+                change, predicate="t.id = s.id", source_alias="s", target_alias="t"
             )
+            if args.deletes:
+                cols = {c: f"s.{c}" for c in ("id", "k", "x", "s", "seq")}
+                merge = (
+                    merge.when_matched_delete("s.del AND s.seq >= t.seq")
+                    .when_matched_update(cols, "NOT s.del AND s.seq >= t.seq")
+                    .when_not_matched_insert(cols, "NOT s.del")
+                )
+            else:
+                merge = merge.when_matched_update_all().when_not_matched_insert_all()
+            merge.execute()
             secs = time.perf_counter() - t
             size, gone = log_figures(merged, DeltaTable(merged).version())
             results["merge"].append({"s": secs, "bytes": size, "files_rewritten": gone})
@@ -115,7 +143,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"(mvsink {' '.join(f'{k}={v:.2f}' for k, v in m['phases'].items())})",
                 flush=True,
             )
-        assert DeltaTable(ours).to_pyarrow_dataset().count_rows() == args.rows
+        # Both tables hold the same rows (MERGE keeps no tombstones: here no event is late).
+        assert (
+            DeltaTable(ours).to_pyarrow_dataset().count_rows()
+            == DeltaTable(merged).to_pyarrow_dataset().count_rows()
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     summary = {
@@ -136,6 +168,8 @@ def main() -> None:
     p.add_argument("--pattern", choices=["clustered", "scattered"], default="scattered")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--file-rows", type=int, default=50_000)
+    p.add_argument("--deletes", type=float, default=0.0, help="percent of changes that are deletes")
+    p.add_argument("--placement", choices=["auto", "driver", "distributed"], default="auto")
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
     result = run(args)
@@ -146,7 +180,8 @@ def main() -> None:
             f"{s['median_files_rewritten']:.0f} files rewritten"
         )
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"upsert-{args.pattern}-{args.rows}-{args.changes}.json"), "w") as fh:
+    name = f"upsert-{args.pattern}-{args.rows}-{args.changes}-d{args.deletes:g}-{args.placement}.json"
+    with open(os.path.join(args.out, name), "w") as fh:
         json.dump(result, fh, indent=1)
 
 

@@ -194,8 +194,8 @@ class SinkOptions(_Frozen):
     @field_validator("tombstone_retention")
     @classmethod
     def _check_retention(cls, v: str | None) -> str | None:
-        if v is not None and Cadence.parse(v).seconds is None:
-            raise ValueError(f"expected a duration like '7d' or '12h', got {v!r}")
+        if v is not None and not Cadence.parse(v).seconds:
+            raise ValueError(f"expected a positive duration like '7d' or '12h', got {v!r}")
         return v
 
     @field_validator("cluster_by")

@@ -602,7 +602,9 @@ class _Epoch:
         made (``cadence.py``)."""
         at = {at_key(self.opts.app_id): now_ms()}
         if self.time is not None:
-            clock = clock_transactions(self.opts.app_id, self.time, lineage.name, desc.upper)
+            clock = clock_transactions(
+                self.opts.app_id, self.time, lineage.name, self.opts.writer, desc.upper
+            )
             return {**clock, **writers.restamp(), **at}
         return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
 

@@ -469,12 +469,21 @@ def test_a_kafka_querys_first_batch_starts_at_its_recorded_initial_offsets(spark
 @pytest.mark.usefixtures("engine")  # decided before the commit, checked on both engines
 def test_a_callable_clocks_upsert_batch_with_an_unknown_start_is_refused(spark, local_target):
     """A callable clock says where batches end: a batch starts where the clock put the batch
-    before it (seen in this process), or where its own lineage's last commit left the view."""
+    before it (seen in this process), or where the same writer's commit of the lineage's
+    previous batch left the view."""
     now = {"t": 5}
 
-    def sink(lineage: str) -> MVSink:
+    def sink(lineage: str, writer: str | None = None) -> MVSink:
         clock = lambda df, e: dict(now)  # noqa: E731
-        return MVSink(local_target, "u", mode="upsert", key=["id"], clock=clock, lineage=lineage)
+        return MVSink(
+            local_target,
+            "u",
+            mode="upsert",
+            key=["id"],
+            clock=clock,
+            lineage=lineage,
+            writer=writer or lineage,
+        )
 
     rows = spark.createDataFrame([(1, "a")], SCHEMA)
     assert sink("a")(rows, 0).outcome == "committed"  # the first commit under the clock
@@ -483,6 +492,9 @@ def test_a_callable_clocks_upsert_batch_with_an_unknown_start_is_refused(spark, 
     with pytest.raises(LineageError, match="start is unknown"):
         b(rows, 0)
     now["t"] = 6
+    # A replica sharing the lineage's name but not the writer's does not continue a's commit.
+    with pytest.raises(LineageError, match="start is unknown"):
+        sink("a", writer="a2")(rows, 1)
     assert sink("a")(rows, 1).outcome == "committed"  # a restart of "a" continues its own commit
     now["t"] = 10
     with pytest.raises(LineageError, match="past the committed"):  # b's epoch 0 ended at 9 > 6

@@ -32,10 +32,11 @@ it may commit only if it **starts** at or before the committed time (``batch_sta
 starting past it would jump the changes in between, which nobody would ever write. Where a
 batch starts is the end of the batch before it in its checkpoint; for a query's first batch,
 where Spark or the source recorded it (Kafka's initial offsets in ``sources/<n>/0``,
-``mvsink-delta``'s ``from``, Delta's source reading its first snapshot whole, a source with no
-offset yet); for a callable clock, the time it gave the batch before (in this process). A batch
-whose start is unknown cannot prove it covers the committed time, unless the committed time is
-its own lineage's previous batch's (``continues``).
+``mvsink-delta``'s ``from``, Delta's source while its first batch ends inside its first
+snapshot, a source with no offset yet); for a callable clock, the time it gave the batch
+before (in this process). A batch whose start is unknown cannot prove it covers the committed
+time, unless the committed time is its own previous batch's (``continues``: the same lineage
+and ``writer``).
 
 An epoch that stays behind or incomparable while the committed time does not move is a
 **stall** (``Stall``): a WARNING each epoch naming both times, and ``mvsink status`` shows it.
@@ -46,6 +47,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -192,8 +195,9 @@ def _first_start(opts: EpochOptions, where: Where) -> Time | None:
         if isinstance(end, Mapping) and "version" in end and "from" in end:  # mvsink-delta
             out[f"{name}.version"] = int(end["from"])
         elif isinstance(end, Mapping) and "reservoirVersion" in end:
-            # Delta's own source reads the table's snapshot whole in its first batch, unless it
-            # was told a startingVersion (then the offset says nothing of where it started).
+            # Delta's own source starts from its first snapshot, unless told a startingVersion;
+            # only while a batch ends inside that snapshot does its offset say so (a batch that
+            # read it whole ends at the next version, as one from a startingVersion would).
             if end.get("isStartingVersion") is not True:
                 return None
         elif isinstance(end, Mapping) and set(end) == {"logOffset"}:
@@ -238,18 +242,21 @@ def _kafka_initial(opts: EpochOptions, source: int, where: Where) -> Any:
     return offsets if _is_kafka(offsets) else None
 
 
-def continues(snap: Snapshot, app_id: str, lineage: str, epoch: int) -> bool:
-    """Whether the committed time is the one ``lineage`` recorded for ``epoch - 1``: then
-    ``epoch`` starts exactly where the view stands."""
+def continues(snap: Snapshot, app_id: str, lineage: str, writer: str | None, epoch: int) -> bool:
+    """Whether the committed time is the one this writer recorded for ``epoch - 1`` of
+    ``lineage``: then ``epoch`` starts exactly where the view stands."""
     return (
-        snap.transaction(f"{app_id}~{_BY}") == lineage_tag(lineage)
+        snap.transaction(f"{app_id}~{_BY}") == committer_tag(lineage, writer)
         and snap.transaction(f"{app_id}~{_UPPER}") == epoch
     )
 
 
-def lineage_tag(lineage: str) -> int:
-    """A lineage as a non-negative app transaction version."""
-    return int(hashlib.sha256(lineage.encode()).hexdigest()[:15], 16)
+def committer_tag(lineage: str, writer: str | None) -> int:
+    """A lineage and the writer running it, as a non-negative app transaction version. Without
+    a ``writer`` name, this process (``host:pid``): a restart then does not continue, and two
+    replicas that share a lineage name never continue each other's commits."""
+    who = writer if writer is not None else f"{socket.gethostname()}:{os.getpid()}"
+    return int(hashlib.sha256(f"{lineage}\n{who}".encode()).hexdigest()[:15], 16)
 
 
 def flatten(value: Any, where: Where, prefix: str = "") -> dict[str, int]:
@@ -333,7 +340,7 @@ def compare(time: Time, committed: Time | None) -> Verdict:
     return "ahead" if ahead else "behind" if behind else "same"
 
 
-def transactions(app_id: str, time: Time, lineage: str, upper: int) -> dict[str, int]:
+def transactions(app_id: str, time: Time, lineage: str, writer: str | None, upper: int) -> dict[str, int]:
     """The app transactions recording ``time`` as the committed time: its parts and their
     number, and the lineage and upper of the commit (``continues``). (``~names`` = -1 matches
     no tag of mvsink before parts were counted: a replica still running such a version finds
@@ -341,7 +348,7 @@ def transactions(app_id: str, time: Time, lineage: str, upper: int) -> dict[str,
     return {
         **{f"{app_id}~{k}": v for k, v in time.items()},
         f"{app_id}~{_PARTS}": len(time),
-        f"{app_id}~{_BY}": lineage_tag(lineage),
+        f"{app_id}~{_BY}": committer_tag(lineage, writer),
         f"{app_id}~{_UPPER}": upper,
         f"{app_id}~names": -1,
     }

@@ -155,7 +155,7 @@ def decide(
         if not _due(opts.refresh, snap, desc, held, opts):
             return Skip("between_refreshes")
         always = True  # a refresh commits even when nothing changed: the next one counts from it
-    continued = clock is not None and continues(snap, opts.app_id, lineage, epoch)
+    continued = clock is not None and continues(snap, opts.app_id, lineage, opts.writer, epoch)
     _check_gap(desc, epoch, opts, None if continued else clock, batch_start, where)
     always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
     return Commit(desc, held, writers, always)

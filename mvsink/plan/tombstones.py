@@ -49,7 +49,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mvsink.compat import from_arrow, to_arrow
-from mvsink.errors import InvariantViolation, Where
+from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.index import HIDDEN
 from mvsink.table.storage import Store
@@ -60,10 +60,15 @@ log = logging.getLogger(__name__)
 DELETED_AT = "__mvsink_deleted_at_ms"
 MANIFEST = "set.json"
 SWEEP_EVERY = 100
-"""Loads between sweeps of superseded sets (the first load sweeps)."""
+"""A sink's commits between sweeps of superseded sets (its first commit sweeps)."""
 SWEEP_GRACE_MS = 3_600_000
-"""How long a set that stopped being current is kept: an attempt still planning on a snapshot
-that named it reads it (one that plans longer fails, and its epoch is retried)."""
+"""How long the current set must have been written before others are swept: an attempt
+still planning on a snapshot that named the one before reads it."""
+DRIVER_TOMBSTONES = 2_000_000
+"""Tombstones the driver path holds at most (each holds the key columns and more: a set of
+more goes to the distributed path, where tasks read, join and write it)."""
+PART_ROWS = 1_000_000
+"""Tombstones a part file of a set written by tasks holds, about."""
 _RECORD = "#tombstones"
 
 
@@ -91,18 +96,36 @@ def schema_of(arrow: pa.Schema, key: Sequence[str], sequence: str) -> pa.Schema:
     )
 
 
-def retention_ms(option: str | None, configuration: Mapping[str, str | None]) -> int:
+def retention_ms(option: str | None, configuration: Mapping[str, str | None], where: Where) -> int:
     """How long tombstones are kept: the ``tombstone_retention`` option (a duration), else the
-    table's ``delta.deletedFileRetentionDuration`` as Delta reads it (7 days unset)."""
+    table's ``delta.deletedFileRetentionDuration`` as Delta reads it (7 days unset). A table
+    retention mvsink does not read as Delta does, or one that is not positive, is refused: a
+    shorter retention than meant would let late events bring deleted keys back."""
     from mvsink.epoch.cadence import Cadence
-    from mvsink.ops.vacuum import DEFAULT_RETENTION_US, table_retention_us
 
     if option is not None:
         seconds = Cadence.parse(option).seconds
         assert seconds is not None  # (the option's validator refuses a number of epochs)
         return int(seconds * 1000)
+    table = table_retention_ms(configuration)
+    if table is None or table <= 0:
+        from mvsink.ops.vacuum import RETENTION
+
+        raise ConfigError(
+            f"the table's {RETENTION} ({configuration.get(RETENTION)!r}) is not a positive duration "
+            "mvsink reads as Delta does, and tombstones are kept that long by default: set "
+            "tombstone_retention (e.g. '7d') or the table property ('interval 7 days')",
+            where,
+        )
+    return table
+
+
+def table_retention_ms(configuration: Mapping[str, str | None]) -> int | None:
+    """The table's ``delta.deletedFileRetentionDuration`` in ms (None: not read as Delta does)."""
+    from mvsink.ops.vacuum import table_retention_us
+
     table = table_retention_us(configuration)
-    return (DEFAULT_RETENTION_US if table is None else table) // 1000
+    return None if table is None else table // 1000
 
 
 @dataclass(frozen=True)
@@ -144,22 +167,15 @@ class Tombstones:
     number: int | None = None
     manifest: Manifest | None = None
     rows: pa.Table | None = None
-    loads: int = 0
+    commits: int = 0
 
     def manifest_at(
         self, snap: Snapshot, store: Store, view: str, app_id: str, where: Where
     ) -> Manifest | None:
-        """The current set's manifest (None: no tombstones). Once every ``SWEEP_EVERY`` calls
-        (from the first), superseded sets are swept."""
+        """The current set's manifest (None: no tombstones)."""
         number = current(snap, app_id)
         if number is None:
             return None
-        self.loads += 1
-        if (self.loads - 1) % SWEEP_EVERY == 0:
-            try:
-                sweep(store, view, number)
-            except Exception as exc:  # what stays behind is swept later
-                log.warning("%s: could not sweep superseded tombstone sets: %s", where, exc)
         if number != self.number:
             self.number, self.manifest, self.rows = number, None, None
         if self.manifest is None:
@@ -181,6 +197,19 @@ class Tombstones:
     def remember(self, number: int, rows: pa.Table | None) -> None:
         """The set this sink's commit made current (its rows, if they are on the driver)."""
         self.number, self.manifest, self.rows = number, None, rows
+
+    def sweep_once(self, store: Store, view: str, keep: int | None, keep_ms: int, where: Where) -> None:
+        """After a commit of this sink (never a standby's), once every ``SWEEP_EVERY`` commits
+        from the first: ``sweep``, keeping sets written within ``keep_ms``."""
+        self.commits += 1
+        if keep is None or (self.commits - 1) % SWEEP_EVERY:
+            return
+        try:
+            gone = sweep(store, view, keep, keep_ms)
+            if gone:
+                log.info("%s: swept %d superseded tombstone sets", where, gone)
+        except Exception as exc:  # what stays behind is swept later
+            log.warning("%s: could not sweep superseded tombstone sets: %s", where, exc)
 
 
 def _read_part(store: Store, path: str, schema: pa.Schema) -> pa.Table:
@@ -347,10 +376,13 @@ def new_set(view: str, app_id: str, rows: pa.Table | DataFrame, schema: pa.Schem
     return NewSet(random.SystemRandom().randrange(1, 1 << 62), view, app_id, rows, schema)
 
 
-def sweep(store: Store, view: str, keep: int, now_ms: int | None = None) -> int:
-    """Delete the view's sets other than the current one (``keep``) written more than
-    ``SWEEP_GRACE_MS`` ago, once the current one was too (a set stopped being current about
-    when the one after it was written); how many."""
+def sweep(store: Store, view: str, keep: int, keep_ms: int, now_ms: int | None = None) -> int:
+    """Delete the view's sets other than ``keep`` (the current one) written more than
+    ``keep_ms`` ago (the table's retention, at least ``SWEEP_GRACE_MS``), once ``keep`` was
+    written more than ``SWEEP_GRACE_MS`` ago; how many. Every set the log named before
+    ``keep`` stopped being current about when ``keep`` was written, and an attempt that
+    never landed, or is still staging, wrote its set within the retention (as ``vacuum``
+    keeps staged data files)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     written: dict[str, float] = {}
     for p, (_, mtime) in store.listing(root(view)).items():
@@ -359,7 +391,8 @@ def sweep(store: Store, view: str, keep: int, now_ms: int | None = None) -> int:
     mine = f"{keep:016x}"
     if mine not in written or written[mine] > now - SWEEP_GRACE_MS:
         return 0
-    gone = [n for n, at in written.items() if n != mine and at < now - SWEEP_GRACE_MS]
+    oldest = now - max(keep_ms, SWEEP_GRACE_MS)
+    gone = [n for n, at in written.items() if n != mine and at < oldest]
     for name in gone:
         store.delete_folder(f"{root(view)}/{name}")
     return len(gone)

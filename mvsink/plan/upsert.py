@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mvsink.compat import release, to_arrow
+from mvsink.compat import release
 from mvsink.epoch.cadence import now_ms
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan import tombstones
@@ -96,6 +96,9 @@ class _Marks:
     """The attempt's time (ms): when the tombstones it makes are made."""
     since: int
     """Tombstones made before this (ms) are past the retention: they count for nothing."""
+    table_retention: int | None
+    """The table's ``deletedFileRetentionDuration`` (ms; None: not read as Delta does): how long
+    sets that are not current are kept (``tombstones.sweep``)."""
 
     @property
     def held(self) -> int:
@@ -220,6 +223,7 @@ class Upsert:
         self.attempt: list[DataFrame] = []
         self.made: NewSet | None = None
         """The tombstone set this attempt writes, if any."""
+        self.marks: _Marks | None = None
 
     @property
     def keeps_tombstones(self) -> bool:
@@ -248,8 +252,8 @@ class Upsert:
                 plan, marks, tombstones.next_frame(None, deletes, None, self.spec.key, marks.now)
             )
         self._release_attempt()
-        on_driver = marks is None or marks.held <= ctx.opts.driver_max_rows
-        if self.touched is None and (not on_driver or ctx.placement(snap) == "distributed"):
+        on_driver = marks is None or marks.held <= tombstones.DRIVER_TOMBSTONES
+        if not on_driver or (self.touched is None and ctx.placement(snap) == "distributed"):
             return self._plan_distributed(snap, layout, marks)
         if self.touched is None:
             with ctx.phase("collect"):
@@ -317,9 +321,11 @@ class Upsert:
         with ctx.phase("tombstones"):
             manifest = self.tombstones.manifest_at(snap, ctx.store, ctx.opts.name, ctx.opts.app_id, ctx.where)
         now = now_ms()
-        retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration)
+        retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration, ctx.where)
         shape = tombstones.schema_of(layout.arrow, self.spec.key, self.spec.sequence_column)
-        return _Marks(manifest, shape, now, now - retention)
+        kept = tombstones.table_retention_ms(snap.configuration)
+        self.marks = _Marks(manifest, shape, now, now - retention, kept)
+        return self.marks
 
     def _with_set(self, plan: Plan, marks: _Marks, rows: pa.Table | DataFrame) -> Plan:
         """``plan``, writing ``rows`` as the view's next tombstone set."""
@@ -342,9 +348,14 @@ class Upsert:
         keys = [F.col(quote(k)) for k in spec.key]
         winners_raw = self.ranked.where(F.col(_RN) == 1)
         with ctx.phase("prune"):
-            ranges = to_arrow(_key_ranges(winners_raw, snap, spec))
-            ctx.batch_ran = True
-            numbers = files_in_ranges(snap, ranges, spec.key)
+            # At most KEY_RANGES rows per group of partition values: a collect that falls back to
+            # reading every file when the driver may not take it (ResultLimit.collect).
+            ranges = ctx.limit.collect(_key_ranges(winners_raw, snap, spec))
+            if ranges is None:
+                numbers = list(range(len(snap.files)))
+            else:
+                ctx.batch_ran = True
+                numbers = files_in_ranges(snap, ranges, spec.key)
         ctx.files_read += len(numbers)
         winners = with_fingerprints(winners_raw, layout, [StructField(DEL, BooleanType())])
         held = [*spec.key, *([spec.sequence_column] if spec.sequence_column else [])]
@@ -398,7 +409,7 @@ class Upsert:
         )
         if marks is None or (counts.get(2, 0) + counts.get(3, 0) == 0 and not marks.expired):
             return plan
-        # The next set, in Spark: never on the driver.
+        # The next set, in Spark: never on the driver; about PART_ROWS tombstones a part.
         changed = [decided.where(F.col(_KIND) == k) for k in (2, 3)]
         rows = tombstones.next_frame(
             live,
@@ -407,7 +418,8 @@ class Upsert:
             spec.key,
             marks.now,
         )
-        return self._with_set(plan, marks, rows)
+        parts = -(-(marks.held + counts.get(2, 0)) // tombstones.PART_ROWS)
+        return self._with_set(plan, marks, rows.coalesce(max(1, parts)))
 
     def _release_attempt(self) -> None:
         release(*self.attempt)
@@ -417,6 +429,12 @@ class Upsert:
         if self.made is not None and staged.side is not None:
             rows = self.made.rows
             self.tombstones.remember(self.made.number, rows if isinstance(rows, pa.Table) else None)
+        marks = self.marks
+        if marks is not None and marks.table_retention is not None:
+            # Sets this sink's commit left behind go once past the table's retention.
+            ctx = self.ctx
+            current = self.tombstones.number if self.made is None else None  # a new set is young
+            self.tombstones.sweep_once(ctx.store, ctx.opts.name, current, marks.table_retention, ctx.where)
 
     def close(self) -> None:
         self._release_attempt()

@@ -193,6 +193,7 @@ def check_roles(
         t = _field(desired, name, "key", where)
         if not isinstance(t, _PRIMITIVES) or isinstance(t, FloatType | DoubleType):
             raise InputError(f"key column {name!r} is {t.simpleString()}; keys must be exact scalars", where)
+        _check_binary_collation(t, f"key column {name!r}", where)
     if delete_column is not None and not isinstance(
         _field(desired, delete_column, "delete_column", where), BooleanType
     ):
@@ -203,6 +204,7 @@ def check_roles(
             raise InputError(
                 f"sequence_column {sequence_column!r} is {t.simpleString()}, which does not order", where
             )
+        _check_binary_collation(t, f"sequence_column {sequence_column!r}", where)
     stored = stored_struct(desired, delete_column)
     for name in partition_by:
         t = _field(stored, name, "partition_by", where)
@@ -214,6 +216,19 @@ def check_roles(
             )
     if partition_by and len(partition_by) >= len(stored.fields):
         raise InputError("every column is a partition column; keep at least one data column", where)
+
+
+def _check_binary_collation(t: DataType, what: str, where: Where) -> None:
+    """Upsert mode compares keys and sequences in Spark (grouping, ordering) and in Arrow
+    (joins, chunks), byte by byte: a string with another collation (Spark 4's
+    ``UTF8_LCASE``, ``UNICODE_CI``, ...) would be one key to Spark and two to Arrow."""
+    collation = getattr(t, "collation", "UTF8_BINARY") if isinstance(t, StringType) else "UTF8_BINARY"
+    if collation != "UTF8_BINARY":
+        raise InputError(
+            f"{what} is {t.simpleString()}: upsert mode compares strings byte by byte, so it needs "
+            "the default collation (UTF8_BINARY); cast it (e.g. lower() it for a case-insensitive key)",
+            where,
+        )
 
 
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
