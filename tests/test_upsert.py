@@ -421,3 +421,23 @@ def test_a_key_with_a_collation_other_than_bytes_is_refused(spark, target):
     with pytest.raises(InputError, match="collation"):
         sink(batch, 0)
     assert versions(target) == []
+
+
+def test_a_table_retention_mvsink_does_not_read_is_refused_for_tombstones(spark, local_target):
+    """Tombstones last the table's deletedFileRetentionDuration by default: one mvsink does not
+    read as Delta does ('1 month') is refused, not taken for 7 days."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("seq", pa.int64())])
+    rows = pa.table({"id": [1], "v": ["a"], "seq": [10]}, schema=schema)
+    write_deltalake(
+        local_target, rows, configuration={"delta.deletedFileRetentionDuration": "interval 1 month"}
+    )
+    before = versions(local_target)
+    with pytest.raises(ConfigError, match="tombstone_retention"):
+        tombstoning(local_target)(spark.createDataFrame([(1, None, 12, True)], TOMB), 0)
+    assert versions(local_target) == before
+    explicit = tombstoning(local_target, tombstone_retention="30d")
+    assert explicit(spark.createDataFrame([(1, None, 12, True)], TOMB), 0).outcome == "committed"
+    assert rows_of(local_target) == Counter()
