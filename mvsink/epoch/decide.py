@@ -155,8 +155,15 @@ def decide(
         if not _due(opts.refresh, snap, desc, held, opts):
             return Skip("between_refreshes")
         always = True  # a refresh commits even when nothing changed: the next one counts from it
-    continued = clock is not None and continues(snap, opts.app_id, lineage, opts.writer, epoch)
-    _check_gap(desc, epoch, opts, None if continued else clock, batch_start, where)
+    _check_gap(
+        desc,
+        epoch,
+        opts,
+        clock,
+        batch_start,
+        lambda: continues(snap, opts.app_id, lineage, opts.writer, epoch),
+        where,
+    )
     always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
     return Commit(desc, held, writers, always)
 
@@ -187,6 +194,7 @@ def _check_gap(
     opts: EpochOptions,
     clock: Clocked | None,
     batch_start: Callable[[], Time | None],
+    continued: Callable[[], bool],
     where: Where,
 ) -> None:
     """Reason 6. Only a complete batch repairs everything. In upsert or append mode, epochs
@@ -203,12 +211,14 @@ def _check_gap(
         )
     elif desc.clocked:
         # The batch covers (its start, its end]: rows between the committed time and its
-        # start were never written by anyone. (No clock here: the committed time is this
-        # lineage's previous batch's, where this one starts.)
+        # start were never written by anyone. A start not known is the committed time when
+        # that is this writer's commit of the batch before (``clock.continues``).
         committed = None if clock is None else clock.committed
         if committed is None:
             return
         start = batch_start()
+        if start is None and continued():
+            return
         if start is None:
             message = (
                 f"this batch's start is unknown (a query's first batch whose sources did not "

@@ -23,7 +23,6 @@ Three kinds of leftovers, and why deleting each cannot lose data:
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from deltalake.exceptions import DeltaError
 
 from mvsink.errors import ConfigError, StorageError, Where, first_line
 from mvsink.table.catalog import locate
-from mvsink.table.delta import Snapshot, load_snapshot
+from mvsink.table.delta import _US_PER_HOUR, RETENTION, Snapshot, load_snapshot, table_retention_us
 from mvsink.table.index import HIDDEN, StoredIndex
 from mvsink.table.jvm_delta import Refused
 from mvsink.table.schema import target_struct
@@ -112,47 +111,6 @@ def vacuum(
         index_entries=tuple(sorted(entries)),
         index_bytes=sum(entries.values()),
     )
-
-
-RETENTION = "delta.deletedFileRetentionDuration"
-_US_PER_HOUR = 3_600_000_000
-DEFAULT_RETENTION_US = 7 * 24 * _US_PER_HOUR
-_UNIT_US = {
-    "week": 7 * 24 * _US_PER_HOUR,
-    "day": 24 * _US_PER_HOUR,
-    "hour": _US_PER_HOUR,
-    "minute": 60_000_000,
-    "second": 1_000_000,
-    "millisecond": 1_000,
-    "microsecond": 1,
-}
-
-
-def table_retention_us(configuration: Mapping[str, str | None]) -> int | None:
-    """The table's ``delta.deletedFileRetentionDuration`` in microseconds, read as the JVM
-    Delta reads it (Spark's interval syntax: an optional ``interval``, then whole numbers with
-    units from weeks to microseconds, a fraction on seconds only, any case; 7 days when
-    unset), or None for a value it does not read so (months and years included). delta-rs
-    reads only some of these forms (``30 days``, say, is 7 days to it): ``vacuum`` always
-    hands delta-rs the retention read here."""
-    text = (configuration.get(RETENTION) or "").strip().lower()
-    if not text:
-        return DEFAULT_RETENTION_US
-    words = text.split()
-    if words[0] == "interval":
-        words = words[1:]
-    if not words or len(words) % 2:
-        return None
-    total = 0
-    for amount, word in zip(words[::2], words[1::2], strict=True):
-        unit = word[:-1] if word.endswith("s") and word[:-1] in _UNIT_US else word
-        found = re.fullmatch(r"([+-]?)(\d+)(?:\.(\d{1,6}))?", amount)
-        if unit not in _UNIT_US or found is None or (found.group(3) and unit != "second"):
-            return None
-        sign, whole, fraction = found.groups()
-        value = int(whole) * _UNIT_US[unit] + int((fraction or "").ljust(6, "0"))
-        total += -value if sign == "-" else value
-    return total
 
 
 def _retention_hours(hours: int | None, configuration: Mapping[str, str | None], where: Where) -> int:

@@ -50,7 +50,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import ConfigError, InvariantViolation, Where
-from mvsink.table.delta import Snapshot
+from mvsink.table.delta import RETENTION, Snapshot, table_retention_us
 from mvsink.table.index import HIDDEN
 from mvsink.table.storage import Store
 from mvsink.table.write import SideFiles, in_task
@@ -109,8 +109,6 @@ def retention_ms(option: str | None, configuration: Mapping[str, str | None], wh
         return int(seconds * 1000)
     table = table_retention_ms(configuration)
     if table is None or table <= 0:
-        from mvsink.ops.vacuum import RETENTION
-
         raise ConfigError(
             f"the table's {RETENTION} ({configuration.get(RETENTION)!r}) is not a positive duration "
             "mvsink reads as Delta does, and tombstones are kept that long by default: set "
@@ -122,8 +120,6 @@ def retention_ms(option: str | None, configuration: Mapping[str, str | None], wh
 
 def table_retention_ms(configuration: Mapping[str, str | None]) -> int | None:
     """The table's ``delta.deletedFileRetentionDuration`` in ms (None: not read as Delta does)."""
-    from mvsink.ops.vacuum import table_retention_us
-
     table = table_retention_us(configuration)
     return None if table is None else table // 1000
 
