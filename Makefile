@@ -4,15 +4,16 @@
 #               JVM Delta line), installs mvsink with its dev tools, runs the whole test suite on
 #               the newest PySpark, again on 3.5, then the Delta line (tests/interop, and the
 #               behaviour suites on the delta-spark engine)
+#   make fuzz   runs the model-based test (tests/test_model.py) long, from a random seed it prints
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mvsink-installed
 
-.PHONY: demo test chaos lint bench clean
+.PHONY: demo test chaos fuzz lint bench clean
 
 # Spark needs Java 17+: say so in one line, before anything is installed.
-ifneq ($(filter demo test bench,$(MAKECMDGOALS)),)
+ifneq ($(filter demo test fuzz bench,$(MAKECMDGOALS)),)
 JAVA_PROBLEM := $(shell $(PYTHON) scripts/check_java.py 2>&1)
 ifneq ($(JAVA_PROBLEM),)
 $(error $(JAVA_PROBLEM))
@@ -63,6 +64,14 @@ chaos: $(STAMP)
 	CHAOS_EPOCHS=$${CHAOS_EPOCHS:-200} CHAOS_SECONDS=$${CHAOS_SECONDS:-2700} \
 	CHAOS_SEED=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 		$(BIN)/python -m pytest -q -s tests/chaos
+
+# A long model-based run (tests/test_model.py): per profile, MVSINK_FUZZ_EXAMPLES histories of up
+# to MVSINK_FUZZ_STEPS steps from a random seed it prints, a failure shrunk to a minimal history;
+# MVSINK_FUZZ_SEED replays one. PYTEST_ADDOPTS="-k upsert" runs one profile.
+fuzz: $(STAMP)
+	@seed=$${MVSINK_FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; echo "fuzz seed $$seed"; \
+	MVSINK_FUZZ_SEED=$$seed MVSINK_FUZZ_EXAMPLES=$${MVSINK_FUZZ_EXAMPLES:-60} \
+	MVSINK_FUZZ_STEPS=$${MVSINK_FUZZ_STEPS:-30} $(BIN)/python -m pytest -q -s tests/test_model.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mvsink tests bench
