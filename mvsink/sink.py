@@ -48,7 +48,8 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any, Protocol, cast
 
 from pyspark.sql import DataFrame
 
@@ -431,6 +432,12 @@ class _Epoch:
             if isinstance(decision, Skip):
                 self.entitled = decision.entitled
                 plan = self.mode.plan(snap, layout) if decision.plans else None
+                if plan is not None and plan.inserted is None and is_dataframe(plan.inserts):
+                    # A standby reports what it would insert, also when tasks would write it.
+                    rows = cast(DataFrame, plan.inserts)
+                    with ctx.phase("count"):
+                        plan = replace(plan, inserted=rows.count())
+                    ctx.batch_ran = True
                 ctx.drain()
                 return self._report(decision.reason, snap.frontier, None, None, attempt, snap, plan=plan)
             desc = decision.desc

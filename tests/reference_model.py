@@ -180,13 +180,6 @@ class View:
         ro_extra = {"read_only"} if sink.read_only else set()
         if self.active is not None and sink.writer != self.active:
             answers = [_skip({"fenced"} | ro_extra, f"writer {self.active} is the active writer")]
-            policy = sink.on_new_lineage or ("adopt" if mode == "complete" else "fail")
-            if sink.lineage not in self.seen and policy == "fail" and not sink.read_only:
-                # TODO(issue 34, finding F1): replicas.md says every sink but the active writer
-                # reports "fenced"; a new lineage with on_new_lineage="fail" raises LineageError
-                # instead (mint refuses it before decide looks at the promotion). Nothing is
-                # written either way; accepted until the docs or the sink settle it.
-                answers.append(_error(LineageError, "F1: a refused new lineage, not the active writer"))
             return answers
         promoted = self.active is not None  # and it is this sink's writer
         read_only = sink.read_only and not promoted

@@ -308,10 +308,7 @@ class SinkModel(RuleBasedStateMachine):
                 f"{_describe(result)} at epoch {epoch} wrote versions {after[len(before) :]}"
             )
         # replicas.md: a standby's reports show the corrections it would make.
-        # TODO(issue 34, findings F2 and F3): a standby reports +0 -0 while the target holds no
-        # rows (F2: not created yet, or empty; every mode) and always in append mode (F3);
-        # those are left unchecked until fixed.
-        if result == "read_only" and view.rows and self.shape.mode != "append":
+        if result == "read_only":
             assert report is not None
             figures = view.correction(batch, whole=report.whole)
             if figures is not None:

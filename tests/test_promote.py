@@ -73,3 +73,27 @@ def test_failback_a_promoted_writer_whose_lineage_was_superseded_takes_the_view_
     assert blue(rows, 2).outcome == "committed"  # its lineage was fenced; promotion wins
     assert green(greens, 1).outcome == "fenced"
     assert_equal_to(local_target, rows)
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_new_lineage_beside_a_promoted_writer_is_fenced_not_an_error(spark, local_target, mode):
+    """Every sink but the active writer reports "fenced", a new lineage refused by
+    on_new_lineage="fail" too (found by the model-based test)."""
+    keyed = {"key": ["id"]} if mode == "upsert" else {}
+    primary = MVSink(local_target, "v", mode=mode, writer="primary", **keyed)
+    primary(spark.createDataFrame([(1, "a")], SCHEMA), 0)
+    primary.promote()
+    before = versions(local_target)
+    other = MVSink(local_target, "v", mode=mode, writer="other", lineage="L1", **keyed)
+    assert other(spark.createDataFrame([(2, "b")], SCHEMA), 0).outcome == "fenced"
+    assert versions(local_target) == before
+
+
+@pytest.mark.parametrize("mode", ["complete", "append", "upsert"])
+def test_a_standby_reports_the_rows_it_would_insert_into_an_empty_target(spark, local_target, mode):
+    """A standby's report shows its correction also where Spark tasks would write the rows
+    (found by the model-based test: it said +0)."""
+    keyed = {"key": ["id"]} if mode == "upsert" else {}
+    standby = MVSink(local_target, "v", mode=mode, read_only=True, writer="s", **keyed)
+    report = standby(spark.createDataFrame([(1, "a"), (2, "b")], SCHEMA), 0)
+    assert (report.outcome, report.inserted, report.retracted) == ("read_only", 2, 0)

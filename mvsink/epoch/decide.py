@@ -118,26 +118,26 @@ def decide(
     if time is not None:
         committed = committed_time(snap, opts.app_id, time)
         clock = Clocked(compare(time, committed), committed)
-    desc = mint(
-        epoch,
-        snap.frontier,
-        held,
-        as_of=opts.as_of,
-        # A standby that the target names active writer writes from its next epoch.
-        read_only=read_only and not writers.is_active,
-        adopt=opts.new_lineage_policy == "adopt",
-        mode=opts.mode,
-        where=where,
-        verdict=None if clock is None else clock.verdict,
-        active_writer=writers.is_active,
-    )
-    if (isinstance(desc, BatchDescription) or desc == "replay") and not writers.may_write:
-        log.warning(
-            "%s: writer %s is not the view's active writer (another was promoted); this epoch writes nothing",
-            where,
-            opts.writer,
+    try:
+        desc = mint(
+            epoch,
+            snap.frontier,
+            held,
+            as_of=opts.as_of,
+            # A standby that the target names active writer writes from its next epoch.
+            read_only=read_only and not writers.is_active,
+            adopt=opts.new_lineage_policy == "adopt",
+            mode=opts.mode,
+            where=where,
+            verdict=None if clock is None else clock.verdict,
+            active_writer=writers.is_active,
         )
-        return Skip("fenced", entitled=False)
+    except LineageError:
+        if writers.may_write:
+            raise
+        return _not_active(opts, where)  # a refused new lineage, where another writer is active
+    if (isinstance(desc, BatchDescription) or desc == "replay") and not writers.may_write:
+        return _not_active(opts, where)
     if clock is not None and on_clock is not None:
         on_clock(clock)
     if not isinstance(desc, BatchDescription):
@@ -166,6 +166,16 @@ def decide(
     )
     always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
     return Commit(desc, held, writers, always)
+
+
+def _not_active(opts: EpochOptions, where: Where) -> Skip:
+    """Another writer was promoted: this sink writes nothing, whatever its epoch (reason 3)."""
+    log.warning(
+        "%s: writer %s is not the view's active writer (another was promoted); this epoch writes nothing",
+        where,
+        opts.writer,
+    )
+    return Skip("fenced", entitled=False)
 
 
 def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions) -> bool:
