@@ -319,9 +319,6 @@ class NewSet:
         store.put(f"{base}/{MANIFEST}", manifest.dump())
         return [*(p for p, _, _ in written), f"{base}/{MANIFEST}"]
 
-    def manifest(self, store: Store) -> Manifest:
-        return Manifest.read(store, self.view, self.number)
-
 
 def _write_part(store: Store, base: str, rows: pa.Table) -> tuple[str, int, int | None]:
     path = f"{base}/part-{uuid.uuid4().hex}.parquet"
