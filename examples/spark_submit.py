@@ -2,7 +2,8 @@
 
     spark-submit --master 'local[2]' examples/spark_submit.py conf/demo.toml
 
-The job file's ``[spark] "spark.master"`` is ignored when spark-submit sets one.
+spark-submit's ``--master`` and ``--conf`` (and ``spark-defaults.conf``) win: the job file's
+``[spark]`` table only fills in the settings they leave unset.
 """
 
 import sys

@@ -62,6 +62,7 @@ from mvsink.epoch.clock import transactions as clock_transactions
 from mvsink.epoch.decide import Clocked, Skip, decide
 from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.epoch.mint import BatchDescription
+from mvsink.epoch.query import output_mode_refusal, running_query
 from mvsink.epoch.workers import check_workers
 from mvsink.errors import (
     CommitOutcomeUnknownError,
@@ -350,7 +351,12 @@ class _Epoch:
         self.where = Where(self.opts.name, self.opts.target, epoch)
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
-        self.lineage = sink._lineage(lineage_of(desired, self.opts, self.where))
+        query = running_query(desired, bool(self.opts.lineage or self.opts.checkpoint), self.where)
+        if query is not None and query.output_mode is not None:
+            refusal = output_mode_refusal(self.opts.mode, query.output_mode)
+            if refusal is not None:
+                raise ConfigError(refusal, self.where)
+        self.lineage = sink._lineage(lineage_of(desired, query.id if query else None, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
         self.before = sink._clock_seen.get((self.lineage, epoch - 1))
         if self.time is not None and callable(self.opts.clock):

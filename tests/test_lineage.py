@@ -141,3 +141,60 @@ def test_a_checkpoint_option_naming_another_query_is_refused(spark, tmp_path, lo
     assert run(spark, source, other, MVSink(local_target, "revenue")) is None
     error = run(spark, source, str(tmp_path / "mine"), MVSink(local_target, "revenue", checkpoint=other))
     assert error is not None and "belongs to query" in str(error)
+
+
+def in_a_thread(sink):
+    """``sink`` called from a plain thread of ``foreachBatch`` (as when one batch feeds several
+    views), its error raised in the batch."""
+    import threading
+
+    def each_batch(batch, epoch):
+        failed = []
+
+        def call():
+            try:
+                sink(batch, epoch)
+            except Exception as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return each_batch
+
+
+def test_a_sink_called_from_a_thread_knows_its_query(spark, tmp_path, local_target):
+    if "connect" in type(spark).__module__:
+        pytest.skip("Spark Connect needs the checkpoint option (test_connect.py)")
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+    write_orders(source, "b", [("p2", 7)])
+    first = MVSink(local_target, "log", mode="append")
+    assert run(spark, source, str(tmp_path / "one"), in_a_thread(first), complete=False) is None
+    assert commit_info(local_target, versions(local_target)[-1])["mvsink.lineage"].startswith("query:")
+    before, held = versions(local_target), multiset(target_table(local_target))
+
+    # A new checkpoint's batches 0 and 1 are not replays of the first query's.
+    second = MVSink(local_target, "log", mode="append")
+    error = run(spark, source, str(tmp_path / "two"), in_a_thread(second), complete=False)
+    assert error is not None and "LineageError" in str(error)
+    assert versions(local_target) == before and multiset(target_table(local_target)) == held
+
+
+def test_a_thread_of_a_query_from_another_session_must_name_its_lineage(spark, tmp_path, local_target):
+    if "connect" in type(spark).__module__:
+        pytest.skip("classic sessions only")
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+    other = spark.newSession()
+    sink = MVSink(local_target, "log", mode="append")
+    error = run(other, source, str(tmp_path / "ckpt"), in_a_thread(sink), complete=False)
+    assert error is not None and "ConfigError" in str(error) and "'lineage'" in str(error)
+    assert not versions(local_target)
+
+    named = MVSink(local_target, "log", mode="append", checkpoint=str(tmp_path / "ckpt"))
+    assert run(other, source, str(tmp_path / "ckpt"), in_a_thread(named), complete=False) is None
+    assert multiset(target_table(local_target)) == Counter({("p1", 5): 1})

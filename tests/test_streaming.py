@@ -134,29 +134,6 @@ def test_each_shipped_mode_example_runs(spark, tmp_path, capsys):
             assert len(keys) == len(set(keys))  # one row per key
 
 
-def test_a_job_file_runs_under_spark_submit(tmp_path):
-    import subprocess
-    import sys
-
-    target = tmp_path / "view"
-    conf = tmp_path / "job.toml"
-    conf.write_text(
-        f'[job]\ncheckpoint = "{tmp_path / "ckpt"}"\nepochs = 2\ntrigger_seconds = 0.5\nshow = false\n'
-        f'[sink]\ntarget = "{target}"\nname = "revenue"\n'
-    )
-    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    done = subprocess.run(
-        [submit, "--master", "local[1]", "examples/spark_submit.py", str(conf)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert frontier(str(target), "revenue") is not None
-
-
 def test_a_read_only_append_sink_runs_a_stateful_batch_without_writing(spark, tmp_path, target):
     source, ckpt = str(tmp_path / "in"), str(tmp_path / "ckpt")
     write_orders(source, "a", [("p1", 5), ("p2", 7), ("p1", 5)])

@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mvsink.config import SinkOptions, _config_error, load_toml
+from mvsink.epoch.query import output_mode_refusal
 from mvsink.errors import ConfigError
 
 
@@ -25,8 +26,9 @@ class JobOptions(BaseModel):
 
     query: str = "mvsink.demo:revenue_query"
     """``module:function`` taking a SparkSession and returning the streaming DataFrame."""
-    output_mode: str = "complete"
-    """Spark output mode of the query (``complete`` for the complete sink mode)."""
+    output_mode: Literal["complete", "update", "append"] = "complete"
+    """Spark output mode of the query: ``complete`` for the complete sink mode, ``append`` for
+    append mode, ``update`` (or the others) for upsert mode (``epoch.query``)."""
     checkpoint: str = "data/checkpoints/revenue"
     """Spark checkpoint folder of the query."""
     trigger_seconds: float = Field(1.0, gt=0)
@@ -62,6 +64,13 @@ class JobConfig(BaseModel):
     job: JobOptions = Field(default_factory=JobOptions)
     sink: SinkOptions
     spark: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _modes_fit(self) -> JobConfig:
+        refusal = output_mode_refusal(self.sink.mode, self.job.output_mode)
+        if refusal is not None:
+            raise ValueError(f"job.output_mode and sink.mode do not fit: {refusal}")
+        return self
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> JobConfig:

@@ -1,6 +1,7 @@
 """``mvsink``: run a job file (or the embedded demo), or print a view's frontier.
 
-mvsink run [JOB.toml]          run a streaming job into an MVSink (default: the demo)
+mvsink run [JOB.toml] [--epochs N] [--conf KEY=VALUE]
+                               run a streaming job into an MVSink (default: the demo)
 mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
 mvsink promote TARGET --name NAME --writer WRITER
                                make WRITER the active writer of view NAME (fences the others)
@@ -44,8 +45,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
     run.add_argument("config", nargs="?", help="a TOML job file (see conf/)")
-    run.add_argument("--epochs", type=int, help="stop after this many epochs")
+    run.add_argument("--epochs", type=_positive, help="stop after this many epochs")
     run.add_argument("-v", "--verbose", action="store_true", help="log every sink step")
+    _conf_option(run)
     fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
     fr.add_argument("target")
     fr.add_argument("name")
@@ -142,7 +144,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             value = frontier(_located(args.target, args), args.name)
             print("" if value is None else value)
             return 0
-        return _run(args.config, args.epochs, args.verbose)
+        return _run(args.config, args.epochs, args.verbose, _pairs(args.conf, "--conf"))
     except MVSinkError as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 2
@@ -171,9 +173,19 @@ def _conf_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Spark configuration for the session this command starts (to resolve a table name, or "
-        "to compute desired), over the job file's [spark]",
+        help="Spark configuration for the session this command starts, over spark-submit's and "
+        "the job file's [spark]",
     )
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {value!r}")
+    return number
 
 
 def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
@@ -184,24 +196,26 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def _spark_conf(args: argparse.Namespace) -> dict[str, str]:
-    """The Spark configuration of a command's session: the job file's [spark] (its master
-    aside: the command runs here), then --conf."""
+    """The job file's [spark] for a command's session (its master aside: the command runs
+    here). What the launcher and --conf set wins over it (``cli.session``)."""
     conf: dict[str, str] = {}
     if getattr(args, "job", None):
         from mvsink.cli.job import JobConfig
 
         conf = {k: v for k, v in JobConfig.load(args.job).spark.items() if k != "spark.master"}
-    conf.update(_pairs(args.conf, "--conf"))
     # Spark's console progress bar on a terminal only.
     conf["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
     return conf
 
 
 def _session(args: argparse.Namespace) -> Any:
-    """The command's Spark session (started once, configured by ``_spark_conf``)."""
+    """The command's Spark session (started once): --conf, then the launcher's settings, then
+    the job file's [spark]."""
     from mvsink.cli.session import local_session
 
-    return local_session(f"mvsink-{args.command}", conf=_spark_conf(args))
+    return local_session(
+        f"mvsink-{args.command}", conf=_spark_conf(args), explicit=_pairs(args.conf, "--conf")
+    )
 
 
 def _located(target: str, args: argparse.Namespace) -> str:
@@ -271,7 +285,7 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _run(path: str | None, epochs: int | None, verbose: bool) -> int:
+def _run(path: str | None, epochs: int | None, verbose: bool, conf: dict[str, str]) -> int:
     from mvsink.cli.job import JobConfig
     from mvsink.cli.runner import run_job
 
@@ -282,5 +296,5 @@ def _run(path: str | None, epochs: int | None, verbose: bool) -> int:
     config = JobConfig.load(path)
     if epochs is not None:
         config = config.model_copy(update={"job": config.job.model_copy(update={"epochs": epochs})})
-    run_job(config, stop=threading.Event())
+    run_job(config, stop=threading.Event(), explicit=conf)
     return 0

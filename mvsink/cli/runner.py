@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import decimal
+import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -11,17 +13,21 @@ from pyspark.sql import DataFrame
 
 from mvsink.cli.job import JobConfig
 from mvsink.cli.session import local_session
+from mvsink.errors import MVSinkError, first_line
 from mvsink.report import EpochReport
 from mvsink.sink import MVSink
 from mvsink.table import delta
 
+SHOWN_ROWS = 12
+"""Rows of the view printed after each epoch (``show = true``): a sample, never the whole view."""
 
-def show_table(table: pa.Table, title: str, limit: int = 12) -> str:
-    """A small text rendering of a view, rows sorted, at most ``limit`` of them."""
+
+def show_table(table: pa.Table, title: str, limit: int = SHOWN_ROWS, total: int | None = None) -> str:
+    """A small text rendering of a view, rows sorted, at most ``limit`` of them (of ``total``)."""
     cols = table.column_names
-    rows = sorted((tuple(r[c] for c in cols) for r in table.to_pylist()), key=repr)
-    more = len(rows) - limit
-    cells = [[_fmt(v) for v in row] for row in rows[:limit]]
+    rows = sorted((tuple(r[c] for c in cols) for r in table.slice(0, limit).to_pylist()), key=repr)
+    more = (table.num_rows if total is None else total) - len(rows)
+    cells = [[_fmt(v) for v in row] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
     body = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
@@ -35,27 +41,51 @@ def _fmt(v: Any) -> str:
     return "NULL" if v is None else str(v)
 
 
-def run_job(config: JobConfig, stop: threading.Event) -> list[EpochReport]:
-    """Run the job until ``config.job.epochs`` epochs ran, ``stop`` is set, or it fails."""
+def _show(sink: MVSink, epoch: int) -> None:
+    """Print a sample of the view, read through the sink's store. The epoch is committed: a
+    view that cannot be shown is a note, never a failure."""
+    title = f"\n== view {sink.name} after epoch {epoch}"
+    try:
+        sample, total = delta.read_sample(sink.target, sink.options.storage_options, SHOWN_ROWS)
+    except Exception as exc:
+        print(f"{title}: not shown ({type(exc).__name__}: {first_line(exc)})")
+        return
+    print(show_table(sample, title, total=total))
+
+
+def run_job(
+    config: JobConfig, stop: threading.Event, explicit: Mapping[str, str] | None = None
+) -> list[EpochReport]:
+    """Run the job until ``config.job.epochs`` epochs ran, ``stop`` is set, or it fails (the
+    sink's ``MVSinkError``, as raised, when the sink failed the batch).
+
+    ``explicit`` Spark settings win over the launcher's (spark-submit), which win over the job
+    file's ``[spark]`` (``cli.session``)."""
     spark_conf = dict(config.spark)
     master = spark_conf.pop("spark.master", "local[2]")
-    spark = local_session("mvsink-job", master=master, conf=spark_conf)
+    spark = local_session("mvsink-job", master=master, conf=spark_conf, explicit=explicit)
     job = config.job
     query_df: DataFrame = job.load_query()(spark)
     sink = MVSink.from_options(config.sink)
     reports: list[EpochReport] = []
+    failed: list[MVSinkError] = []
 
     def each_batch(batch: DataFrame, epoch: int) -> None:
-        report = sink(batch, epoch)
+        try:
+            report = sink(batch, epoch)
+        except MVSinkError as exc:
+            failed.append(exc)
+            raise
         reports.append(report)
         if job.show:
-            print(show_table(delta.read_table(sink.target), f"\n== view {sink.name} after epoch {epoch}"))
+            _show(sink, epoch)
             print(f"   {report}")
         if job.tamper_after_epoch is not None and len(reports) == job.tamper_after_epoch + 1:
             _tamper(sink, epoch)
         if job.epochs is not None and len(reports) >= job.epochs:
             stop.set()
 
+    logging.getLogger("py4j.clientserver").addFilter(_not_mvsink_errors)
     query = (
         query_df.writeStream.outputMode(job.output_mode)
         .foreachBatch(each_batch)
@@ -67,10 +97,18 @@ def run_job(config: JobConfig, stop: threading.Event) -> list[EpochReport]:
         while query.isActive and not stop.wait(0.2):
             pass
         if query.exception() is not None:
+            if failed:  # the sink's own error says what happened and what to do
+                raise failed[-1] from None
             raise query.exception()  # type: ignore[misc]
     finally:
         query.stop()
     return reports
+
+
+def _not_mvsink_errors(record: logging.LogRecord) -> bool:
+    """py4j logs the whole trace of an error the batch function raised; an ``MVSinkError``
+    says what happened itself, and the runner prints it last."""
+    return not (record.exc_info and isinstance(record.exc_info[1], MVSinkError))
 
 
 def _tamper(sink: MVSink, epoch: int) -> None:

@@ -1,12 +1,27 @@
-"""A local SparkSession configured the way mvsink's jobs, demo and tests run it."""
+"""The SparkSession mvsink's jobs, commands, demo and tests run on.
+
+Precedence of a setting, strongest first:
+
+1. ``explicit`` (a command's ``--conf``);
+2. what the launcher set before mvsink runs: ``spark-submit``'s ``--master`` and ``--conf``,
+   ``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS`` (the JVM's configuration when the
+   session starts);
+3. ``conf`` (a job file's ``[spark]``) and the ``master`` argument;
+4. ``DEFAULTS``.
+
+Under ``spark-submit`` the master is spark-submit's. In a plain Python process the job file's
+master applies (unless ``spark-defaults.conf`` sets one).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
+from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql import SparkSession
 
 DEFAULTS = {
@@ -21,20 +36,63 @@ DEFAULTS = {
 }
 
 
+def under_spark_submit() -> bool:
+    """This Python driver was started by ``spark-submit`` (which hands it its JVM's gateway)."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) and SparkContext._active_spark_context is None
+
+
+def launcher_settings() -> dict[str, str]:
+    """The settings the launcher gives the session.
+
+    Under spark-submit its JVM is running and holds them (``--master``, ``--conf``,
+    ``spark-defaults.conf``). Otherwise the JVM is not started yet (it must start with the
+    session's settings: driver memory and class path are fixed at launch): the settings are
+    ``spark-defaults.conf``'s, read here as spark-submit reads it."""
+    if under_spark_submit():
+        SparkContext._ensure_initialized()
+        return dict(SparkConf().getAll())
+    if SparkContext._active_spark_context is not None:
+        return {}  # getOrCreate returns the running session as it is
+    home = os.environ.get("SPARK_HOME") or _find_spark_home()
+    folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
+    return _properties(os.path.join(folder, "spark-defaults.conf"))
+
+
+def _properties(path: str) -> dict[str, str]:
+    """``spark.*`` settings of a Java properties file (``key value``, ``key=value``)."""
+    if not os.path.isfile(path):
+        return {}
+    settings = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line or line[0] in "#!":
+                continue
+            match = re.match(r"([^\s=:]+)\s*[=:\s]\s*(.*)", line)
+            if match and match[1].startswith("spark."):
+                settings[match[1]] = match[2].strip()
+    return settings
+
+
 def local_session(
-    app_name: str = "mvsink", master: str = "local[2]", conf: Mapping[str, str] | None = None
+    app_name: str = "mvsink",
+    master: str = "local[2]",
+    conf: Mapping[str, str] | None = None,
+    explicit: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """Get or create a SparkSession with mvsink's defaults, ``conf`` overriding them."""
+    """Get or create a SparkSession: ``explicit``, then the launcher's settings, then ``conf``
+    and ``master``, then ``DEFAULTS`` (the module's docstring)."""
     # Python workers must run this interpreter, which has pyarrow (not whatever is on PATH).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # A local job needs no routable address; this also silences Spark's loopback warning.
-    if master.startswith("local"):
+    settings = {**DEFAULTS, **(conf or {})}
+    settings.setdefault("spark.master", master)
+    if str(settings["spark.master"]).startswith("local"):
+        # A local job needs no routable address; this also silences Spark's loopback warning.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(app_name)
-    # Under spark-submit the master comes from the command line: do not override it.
-    if SparkConf().get("spark.master", None) is None:
-        builder = builder.master(master)
-    for key, value in {**DEFAULTS, **(conf or {})}.items():
+    settings.update(launcher_settings())
+    settings.update(explicit or {})
+    builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

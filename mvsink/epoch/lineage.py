@@ -54,22 +54,18 @@ log = logging.getLogger(__name__)
 
 DIRECT = "direct"
 """The lineage of direct calls when the ``lineage`` option is not given."""
-_QUERY_ID = "sql.streaming.queryId"  # the local property Spark sets while a query runs a batch
 
 
-def lineage_of(batch: DataFrame, opts: EpochOptions, where: Where) -> str:
+def lineage_of(batch: DataFrame, query: str | None, opts: EpochOptions, where: Where) -> str:
     """The lineage of an epoch: the ``lineage`` option; else the streaming query running the
-    batch (its id from Spark, or from the ``checkpoint`` option's metadata under Spark Connect,
-    where the driver's properties are out of reach); else ``"direct"``.
+    batch (``query``: its id from ``epoch.query``, else from the ``checkpoint`` option's
+    metadata, as under Spark Connect, where the driver's properties are out of reach); else
+    ``"direct"``.
 
     A ``checkpoint`` that cannot be read, or that names another query than the one running,
     is an error, never a silent ``"direct"``: a wrong lineage would take the view over."""
     if opts.lineage:
         return opts.lineage
-    try:
-        query = batch.sparkSession.sparkContext.getLocalProperty(_QUERY_ID)
-    except Exception:  # a Spark Connect session has no SparkContext
-        query = None
     if opts.checkpoint:
         recorded = _checkpoint_query_id(opts, where)
         if query and recorded != query:

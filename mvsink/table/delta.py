@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, Schema, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import (
@@ -932,6 +933,15 @@ def read_table(target: str, storage_options: Mapping[str, str] | None = None) ->
     """The target's current contents, read by delta-rs (an independent Delta reader)."""
     dt = DeltaTable(table_root(target), storage_options=dict(storage_options or {}) or None)
     return pa.table(dt.to_pyarrow_table())
+
+
+def read_sample(target: str, storage_options: Mapping[str, str] | None, limit: int) -> tuple[pa.Table, int]:
+    """Up to ``limit`` rows of the target (read by delta-rs, without reading the rest), and how
+    many rows it holds by the log's statistics."""
+    dt = DeltaTable(table_root(target), storage_options=dict(storage_options or {}) or None)
+    actions = pa.table(dt.get_add_actions())
+    total = pc.sum(actions.column("num_records")).as_py() if actions.num_rows else 0
+    return dt.to_pyarrow_dataset().head(limit), int(total or 0)
 
 
 def foreign_append(target: str, rows: Sequence[Mapping[str, Any]]) -> None:
