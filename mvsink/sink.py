@@ -186,11 +186,25 @@ class MVSink:
 
     def _locate(self, spark: Any) -> None:
         """Resolve a target given as a table name to the Delta table's location, through
-        ``spark``'s catalog (``catalog.py``), once; the options then hold the location."""
-        if is_path(self.options.target):
+        ``spark``'s catalog (``catalog.py``), at every epoch: the options then hold the
+        location. A table moved since the last epoch (``ALTER TABLE ... SET LOCATION``) is
+        followed, with a WARNING: the catalog is the truth, and the caches of the old folder's
+        files (index, tombstones) go, and the new store is probed."""
+        name = self._named or self.options.target
+        if is_path(name):
             return
-        name = self.options.target
         location = locate(name, Where(self.name, name), spark)
+        if self._named is not None and location == self.options.target:
+            return
+        if self._named is not None:
+            log.warning(
+                "%s: table %s moved from %s to %s: writing the new location",
+                Where(self.name, name),
+                name,
+                self.options.target,
+                location,
+            )
+            self._index, self._tombstones, self._probed = PersistedIndex(), Tombstones(), False
         self._named = name
         self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
         log.info("%s: table %s is at %s", Where(self.name, name), name, location)
@@ -319,8 +333,8 @@ class MVSink:
         if isinstance(epoch_id, bool) or not isinstance(epoch_id, int) or epoch_id < 0:
             raise InputError(f"the epoch must be a non-negative int, got {epoch_id!r}", where)
         with self._lock:
+            self._locate(batch_df.sparkSession)  # a table name: looked up at every epoch
             if not self._probed:
-                self._locate(batch_df.sparkSession)
                 where = Where(self.name, self.target, epoch_id)
                 self.store.probe(where)
                 check_workers(batch_df.sparkSession, where)
@@ -415,9 +429,9 @@ class _Epoch:
             failpoints.hit("after_snapshot")
             if not snap.exists and self.sink._named:
                 raise ConfigError(
-                    f"the table {self.sink._named} was at {opts.target} when this sink looked it up, "
-                    "and that folder holds no Delta table any more (dropped?): restart the query to "
-                    "look the name up again",
+                    f"the table {self.sink._named} was at {opts.target} when this epoch looked it "
+                    "up, and that folder holds no Delta table any more (dropped, or moved since?): "
+                    "the next epoch looks the name up again",
                     self.where,
                 )
             if not snap.exists and not self._only_ours_in_root():

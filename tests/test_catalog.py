@@ -12,6 +12,7 @@ import os
 import pytest
 
 from mvsink import ConfigError, MVSink
+from mvsink.errors import Where
 from mvsink.table.catalog import is_path
 from tests.test_sink import people
 
@@ -46,18 +47,66 @@ def test_a_name_the_catalog_does_not_know_is_an_error_never_a_folder(spark, tmp_
 
 
 def test_a_name_needs_delta_in_the_session_to_resolve(spark, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    people(spark, range(3)).createOrReplaceTempView("people_now")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    spark.sql(f"CREATE TABLE people_now (id long) USING parquet LOCATION '{tmp_path / 'elsewhere'}'")
     try:
         with pytest.raises(ConfigError, match="needs Delta in the Spark session"):
             MVSink("people_now", "v")(people(spark, range(3)), 0)
-        assert os.listdir(tmp_path) == []
-        # Both a catalog entry and a Delta folder of that name: ambiguous, refused.
+        assert os.listdir(tmp_path / "cwd") == []
+        # Both a catalog entry and a Delta table in a folder of that name: ambiguous, refused.
         MVSink("./people_now", "v")(people(spark, range(3)), 0)
         with pytest.raises(ConfigError, match="both a table in the session's catalog and a Delta table"):
             MVSink("people_now", "v")(people(spark, range(5)), 1)
     finally:
-        spark.catalog.dropTempView("people_now")
+        spark.sql("DROP TABLE IF EXISTS people_now")
+
+
+@pytest.mark.parametrize("kind", ["temporary", "global temporary", "persistent"])
+def test_a_view_named_as_the_target_is_refused_as_a_view(spark, tmp_path, monkeypatch, kind):
+    """A view has no location to keep: the error says so (not that Delta is missing), for the
+    sink and the operations alike, and nothing is written."""
+    from mvsink import status
+
+    monkeypatch.chdir(tmp_path)
+    name, create = {
+        "temporary": ("recent", "CREATE TEMPORARY VIEW recent AS SELECT 1 AS id"),
+        "global temporary": ("global_temp.recent", "CREATE GLOBAL TEMPORARY VIEW recent AS SELECT 1 AS id"),
+        "persistent": ("default.recent", "CREATE VIEW default.recent AS SELECT 1 AS id"),
+    }[kind]
+    spark.sql(create)
+    try:
+        with pytest.raises(ConfigError, match=r"'[a-z_.]*recent' is a view, not a table") as info:
+            MVSink(name, "v")(people(spark, range(3)), 0)
+        assert info.value.view == "v"
+        with pytest.raises(ConfigError, match="is a view, not a table"):
+            status(name)
+    finally:
+        spark.sql(f"DROP VIEW IF EXISTS {name}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_location_is_kept_exactly_or_refused():
+    """Hadoop prints a location decoded, ``#`` and ``?`` included: on local disk they are part
+    of the path (delta-rs keeps them so), in an object store URI delta-rs would drop what
+    follows them (another folder), so such a location is refused."""
+    from mvsink.table.catalog import _hadoop_location
+
+    where = Where("v", "sales.orders")
+    for given, kept in [
+        ("file:/lake/orders#v2", "/lake/orders#v2"),
+        ("file:///lake/orders?v=2", "/lake/orders?v=2"),
+        ("file://localhost/lake/a b#c?d", "/lake/a b#c?d"),
+        ("s3a://bucket/lake/orders", "s3a://bucket/lake/orders"),
+    ]:
+        assert _hadoop_location("sales.orders", given, where) == kept
+    for given in ("s3a://bucket/lake/orders#v2", "abfss://c@a.dfs.core.windows.net/orders?v=2"):
+        with pytest.raises(
+            ConfigError, match=r"delta-rs would read as the start of a URL's (fragment|query)"
+        ):
+            _hadoop_location("sales.orders", given, where)
+    with pytest.raises(ConfigError, match="not a local absolute path"):
+        _hadoop_location("sales.orders", "file://otherhost/lake/orders", where)
 
 
 def test_the_operations_resolve_names_through_the_session_and_make_no_folder(
@@ -81,12 +130,12 @@ def test_the_operations_resolve_names_through_the_session_and_make_no_folder(
     assert "catalog does not know" in capsys.readouterr().err
     assert main(["status", "default.revenue", "--conf", "novalue"]) == 2
     assert "--conf takes KEY=VALUE" in capsys.readouterr().err
-    people(spark, range(3)).createOrReplaceTempView("people_now")
+    spark.sql(f"CREATE TABLE people_now (id long) USING parquet LOCATION '{tmp_path}/../elsewhere'")
     try:  # known to the catalog, but this session has no Delta to say where it is
         assert main(["frontier", "people_now", "v"]) == 2
         assert "needs Delta in the Spark session" in capsys.readouterr().err
     finally:
-        spark.catalog.dropTempView("people_now")
+        spark.sql("DROP TABLE IF EXISTS people_now")
     assert os.listdir(tmp_path) == []
 
 

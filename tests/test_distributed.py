@@ -8,6 +8,7 @@ epoch, and the driver path is shown to hit the limit on the same view.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from mvsink.plan.context import ResultLimit, long_row_bytes
 from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, correction, sketch_bits, with_fingerprints
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
-from mvsink.table.index import HIDDEN, StoredIndex
+from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
 from mvsink.table.schema import arrow_schema, target_struct
 from mvsink.table.storage import wait_for_cleanup
 from mvsink.table.write import Layout
@@ -140,8 +141,11 @@ def test_entries_follow_the_table_and_leftovers_are_swept(spark, local_target, p
     live = {index.path(f.key) for f in files}
     # Entries of removed files went with their commits.
     assert index_entries(local_target, "sweep") == live
-    # A leftover (an attempt that crashed before committing) is swept by the next sink.
+    # A leftover (an attempt that crashed before committing, over an hour ago: a younger one
+    # may be a replica's in flight) is swept by the next sink.
     index.put("mvsink-sweep-e9-crashed/part-0.parquet", 1, index.get(files[0]))  # type: ignore[arg-type]
+    past = time.time() - FRESH_SECONDS - 60
+    os.utime(os.path.join(local_target, index.path("mvsink-sweep-e9-crashed/part-0.parquet")), (past, past))
     assert len(index_entries(local_target, "sweep")) == len(live) + 1
     MVSink(local_target, "sweep", max_rows_per_file=20, placement=placement)(
         spark.range(200).select("id", (F.col("id") % 4).alias("v")), 3

@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from mvsink import MVSink, promote, status
@@ -19,12 +19,34 @@ from mvsink.ops.metrics import record
 from mvsink.ops.vacuum import vacuum
 from mvsink.ops.verify import verify
 from mvsink.table.storage import wait_for_cleanup
+from tests.delta_session import DELTA_LINE
 from tests.helpers import assert_equal_to, once, removed, versions
 from tests.test_sink import foreign_append, people
 from tests.test_streaming import expected, write_orders
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
+
+
+def test_status_counts_rows_only_where_it_can_read_the_deletion_vectors(spark, local_target, capsys):
+    """On a table with deletion vectors on, delta-rs lists each file's row count but not the
+    rows its vector removes: without Delta in the session the row total is unknown (null in
+    ``--json``), never a count of rows the table no longer holds. tests/interop counts the
+    rows of a table Delta's DELETE wrote vectors to."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    DeltaTable.create(local_target, schema, configuration={"delta.enableDeletionVectors": "true"})
+    write_deltalake(
+        local_target, pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}, schema=schema), mode="append"
+    )
+    got = status(local_target)
+    assert got.files == 1
+    if DELTA_LINE:  # the session's Delta reads the vectors
+        assert got.rows == 3
+        return
+    assert got.rows is None
+    assert "rows unknown (deletion vectors" in str(got)
+    assert main(["status", local_target, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] is None
 
 
 def test_status_reads_frontier_last_commit_lag_races_and_files(spark, target, capsys):

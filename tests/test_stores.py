@@ -131,8 +131,8 @@ def test_deletes_go_to_the_store_the_options_name(spark, s3_target, s3_options, 
     assert Store(table_root(s3_target)).files("") == []  # the environment's server: untouched
 
 
-def test_background_deletes_reach_the_store_through_one_helper(spark, s3_target, s3_options):
-    """``delete_later`` on an object store goes through one long-lived helper process (the
+def test_background_deletes_reach_the_store_through_long_lived_helpers(spark, s3_target, s3_options):
+    """``delete_later`` on an object store goes through long-lived helper processes (the
     epoch's thread keeps the GIL), with the options, not the environment, naming the store."""
     from mvsink.table.delta import table_root
     from mvsink.table.storage import Store, _background_deleter, wait_for_cleanup
@@ -143,7 +143,136 @@ def test_background_deletes_reach_the_store_through_one_helper(spark, s3_target,
         store.put(name, b"entry")
     store.delete_later(names[:3], "index entries")
     store.delete_later(names[3:5], "index entries")
-    wait_for_cleanup()
+    assert wait_for_cleanup()
     assert store.files("_mvsink") == [names[5]]
-    helper = _background_deleter.proc
-    assert helper is not None and helper.poll() is None  # one process, still there for the next
+    helpers = list(_background_deleter.procs)
+    assert helpers and all(p.poll() is None for p in helpers)  # still there for the next job
+    store.delete_later(names[5:], "index entries")
+    assert wait_for_cleanup() and store.files("_mvsink") == []
+    assert _background_deleter.procs[0] is helpers[0]  # reused, not started again
+
+
+@pytest.fixture
+def silent(tmp_path):
+    """An S3 endpoint that accepts connections and never answers (``tests/silentserver.py``)."""
+    from tests.silentserver import silent_server
+
+    with silent_server(tmp_path / "silent.log") as server:
+        yield server
+
+
+def test_background_deletes_run_in_parallel_and_a_hung_store_is_given_up_on(silent):
+    """Deletes queued in the background are all in flight at once (one request each, spread
+    over the helpers), and ``wait_for_cleanup`` gives up at its bound: what is queued is
+    dropped and the helpers end, so the process can exit; a sweep finds what stays."""
+    from mvsink.table.storage import BACKGROUND_HELPERS, Store, _background_deleter, wait_for_cleanup
+
+    store = Store(f"s3://{BUCKET}/hung/view", silent.options)
+    names = [f"_mvsink/v/index/d/{i}.parquet" for i in range(BACKGROUND_HELPERS)]
+    store.delete_later(names, "index entries")
+    store.delete_later(["_mvsink/v/index/d/later.parquet"], "index entries")  # queued behind
+    # One at a time, the second request would wait for the first's timeout (30 s by default).
+    assert silent.wait_for_requests(len(names)) == len(names)
+    assert not wait_for_cleanup(0.5)
+    assert _background_deleter.procs == []  # the helpers in flight were ended
+    assert wait_for_cleanup(5)  # nothing left queued: the next wait is immediate
+    assert len(silent.requests()) == len(names)  # the dropped job never ran
+
+
+def test_a_process_whose_deletes_hang_exits_within_the_bound(silent, tmp_path):
+    """As the CLI does, a process that queued deletes waits for them before it exits, and never
+    longer than ``CLEANUP_WAIT`` however long the store takes to answer (at exit too)."""
+    import json
+    import subprocess
+    import sys
+
+    from mvsink.table.storage import CLEANUP_WAIT
+
+    script = (
+        "import json, sys\n"
+        "from mvsink.table.storage import Store, _background_deleter, wait_for_cleanup\n"
+        f"store = Store('s3://{BUCKET}/hung/view', json.loads(sys.argv[1]))\n"
+        "for i in range(3):\n"
+        "    store.delete_later([f'_mvsink/v/index/d/{i}.parquet'], 'index entries')\n"
+        "print(json.dumps(wait_for_cleanup()))\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(silent.options)],
+        capture_output=True,
+        text=True,
+        timeout=CLEANUP_WAIT + 60,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "false"
+    assert "left for the next sweep" in done.stderr
+    assert took < CLEANUP_WAIT + 20, took  # three deletes one at a time: 90 s and more
+
+
+def test_deletes_try_every_file_and_raise_one_storage_error(silent, tmp_path):
+    """``Store.delete`` in this process tries every file before it raises, and raises a
+    ``StorageError`` saying how many failed: on an object store that times out, and on local
+    disk (a path that is a folder)."""
+    import os
+
+    from mvsink.table.storage import Store
+
+    hung = Store(f"s3://{BUCKET}/hung/view", {**silent.options, "timeout": "1s", "max_retries": "0"})
+    with pytest.raises(StorageError, match=r"3 of 3 deletes under s3://.* failed, e\.g\. a\.parquet"):
+        hung.delete(["a.parquet", "b.parquet", "c.parquet"])
+    assert len(silent.requests()) == 3  # every file was tried
+    root = tmp_path / "table"
+    (root / "folder").mkdir(parents=True)
+    for name in ("a.parquet", "folder/x.parquet", "b.parquet"):
+        (root / name).write_bytes(b"x")
+    with pytest.raises(StorageError, match=r"1 of 4 deletes under .* failed, e\.g\. folder: "):
+        Store(str(root)).delete(["a.parquet", "folder", "b.parquet", "never-there.parquet"])
+    assert sorted(os.listdir(root)) == ["folder"]
+
+
+def test_the_index_sweep_leaves_fresh_entries_and_writes_in_flight(tmp_path):
+    """A sweep deletes only entries older than ``FRESH_SECONDS``, as vacuum does: a younger one
+    may be a replica's entry in flight, or the temporary file of a put about to be renamed
+    into place. A put beside a neighbour sweeping continuously never fails."""
+    import os
+    import threading
+
+    from mvsink.table.index import FRESH_SECONDS, StoredIndex
+    from mvsink.table.storage import Store, wait_for_cleanup
+
+    store = Store(str(tmp_path / "view"))
+    index = StoredIndex(store, "v", "0" * 16)
+    old, fresh = index.path("old.parquet"), index.path("fresh.parquet")
+    temp = f"{index.path('inflight.parquet')}.1a2b3c4d.tmp"
+    for path in (old, fresh, temp):
+        store.put(path, b"entry")
+    past = time.time() - FRESH_SECONDS - 60
+    os.utime(tmp_path / "view" / old, (past, past))
+    assert index.sweep([]) == 1
+    assert wait_for_cleanup()
+    assert sorted(store.files(index.root)) == sorted([fresh, temp])
+    # An hour on, both are leftovers: swept.
+    assert index.sweep([], now=time.time() + FRESH_SECONDS + 60) == 2
+    assert wait_for_cleanup() and store.files(index.root) == []
+
+    stop, failures = threading.Event(), []
+
+    def neighbour() -> None:
+        while not stop.is_set():
+            index.sweep([])
+            wait_for_cleanup()
+
+    sweeper = threading.Thread(target=neighbour)
+    sweeper.start()
+    try:
+        for i in range(300):
+            try:
+                store.put(index.path(f"part-{i}.parquet"), b"entry")
+            except OSError as exc:
+                failures.append(exc)
+    finally:
+        stop.set()
+        sweeper.join()
+    assert failures == []
+    assert len(store.files(index.root)) == 300

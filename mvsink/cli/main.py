@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         from mvsink.table.storage import wait_for_cleanup
 
-        wait_for_cleanup()  # deletes queued in the background finish before the process ends
+        # Deletes queued in the background get a bounded time (CLEANUP_WAIT) to finish before
+        # the process ends; what a hung store leaves, the next sweep finds.
+        wait_for_cleanup()
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

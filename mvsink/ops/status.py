@@ -81,7 +81,10 @@ class Status:
     target: str
     table_version: int | None
     """None: there is no table yet."""
-    rows: int
+    rows: int | None
+    """The rows the latest version holds. None: unknown, on a table with deletion vectors read
+    without a Delta Spark session (delta-rs lists the files' row counts, not the rows their
+    vectors remove)."""
     files: int
     bytes: int
     small_files: int
@@ -98,8 +101,13 @@ class Status:
     def __str__(self) -> str:
         if self.table_version is None:
             return f"{self.target}: no Delta table"
+        rows = (
+            f"{self.rows:,} rows"
+            if self.rows is not None
+            else "rows unknown (deletion vectors: run with Delta in the Spark session to count them)"
+        )
         lines = [
-            f"{self.target}: version {self.table_version}, {self.rows:,} rows in {self.files:,} files "
+            f"{self.target}: version {self.table_version}, {rows} in {self.files:,} files "
             f"({self.bytes:,} bytes; {self.small_files:,} with fewer than {self.small_rows:,} rows)"
         ]
         if not self.views:
@@ -162,7 +170,7 @@ def status(
     return Status(
         target=target,
         table_version=snap.version,
-        rows=sum(f.num_records or 0 for f in snap.files),
+        rows=sum(f.num_records or 0 for f in snap.files) if snap.rows_known else None,
         files=len(snap.files),
         bytes=sum(f.size for f in snap.files),
         small_files=sum(1 for f in snap.files if f.num_records is None or f.num_records < small_rows),

@@ -17,8 +17,9 @@ Three kinds of leftovers, and why deleting each cannot lose data:
   by a crash): the same rule, since their files are data files no version references.
 * **Index entries** (``_mvsink/<view>/index/``, which Delta's vacuum never looks into) of files
   that left the table, or of an old table layout: an entry is only ever a cache of a file's
-  fingerprints, so deleting one costs at worst a re-read. Entries written in the last hour are
-  kept, so an attempt in flight does not have to recompute its own.
+  fingerprints, so deleting one costs at worst a re-read. Entries written in the last hour
+  (``index.FRESH_SECONDS``, which the sink's own sweep keeps too) are kept, so an attempt in
+  flight does not have to recompute its own.
 """
 
 from __future__ import annotations
@@ -33,14 +34,11 @@ from deltalake.exceptions import DeltaError
 from mvsink.errors import ConfigError, StorageError, Where, first_line
 from mvsink.table.catalog import locate
 from mvsink.table.delta import _US_PER_HOUR, RETENTION, Snapshot, load_snapshot, table_retention_us
-from mvsink.table.index import HIDDEN, StoredIndex
+from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
 from mvsink.table.jvm_delta import Refused
 from mvsink.table.schema import target_struct
 from mvsink.table.storage import Store
 from mvsink.table.write import Layout
-
-FRESH_SECONDS = 3600.0
-"""Index entries younger than this are kept (an attempt in flight may have just written them)."""
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,13 @@
 A ``target`` is a **path** when it has a URI scheme (``s3://``, ``file:``, ...), starts with
 ``/``, ``./`` or ``../``, or holds a path separator; anything else is a **table name**, written
 as ``spark.table()`` takes it (parts separated by dots, each an identifier or backquoted).
-A name is resolved at the first epoch through the batch's own Spark session, classic or
-Connect alike: ``DESCRIBE DETAIL`` gives a Delta table's location, which the sink then keeps.
-A name the catalog does not know, or that is not a Delta table, is a ``ConfigError`` naming it
-(and suggesting ``./name`` if a path was meant): never a folder made from a name.
+A name is resolved at every epoch through the batch's own Spark session, classic or
+Connect alike (a catalog lookup, tens of milliseconds): ``DESCRIBE DETAIL`` gives a Delta
+table's location, and a table moved since (``ALTER TABLE ... SET LOCATION``) is followed. A
+name the catalog does not know, a view, or a table that is not Delta is a ``ConfigError``
+naming it (and suggesting ``./name`` if a path was meant): never a folder made from a name.
+A location is used exactly as the catalog holds it, or refused: never a neighbouring folder
+(see ``_hadoop_location``).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def resolve(spark: Any, name: str, where: Where) -> str:
             f"table first, or give a path: './{name}' for a folder of that name.",
             where,
         )
+    _refuse_view(spark, name, where)
     try:
         rows = spark.sql(f"DESCRIBE DETAIL {name}").collect()
     except Exception as exc:
@@ -105,21 +109,54 @@ def resolve(spark: Any, name: str, where: Where) -> str:
     return _hadoop_location(name, str(detail["location"]), where)
 
 
+def _refuse_view(spark: Any, name: str, where: Where) -> None:
+    """A ``ConfigError`` if ``name`` is a view (temporary, global temporary or persistent):
+    it has no location to keep. A catalog that cannot say leaves ``DESCRIBE DETAIL`` to."""
+    try:
+        table = spark.catalog.getTable(name)
+    except Exception:
+        return
+    kind = str(getattr(table, "tableType", "") or "").upper()
+    if kind in ("VIEW", "TEMPORARY", "MATERIALIZED_VIEW") or getattr(table, "isTemporary", False):
+        raise ConfigError(
+            f"target {name!r} is a view, not a table ({kind.lower() or 'temporary'} in the session's "
+            "catalog): mvsink keeps a Delta table. Name a Delta table, or give its path or URI.",
+            where,
+        )
+
+
 def _hadoop_location(name: str, location: str, where: Where) -> str:
     """The path or URI mvsink opens for a location as Hadoop prints it (already decoded:
-    ``file:/lake/t`` on local disk, else the store's URI). A ``%`` is refused: delta-rs would
-    read it as an escape and open another folder."""
+    ``file:/lake/t`` on local disk, else the store's URI), character for character.
+
+    A local location is cut after ``file:`` (and an empty or ``localhost`` authority), never
+    URL-parsed: Hadoop keeps ``#`` and ``?`` as part of a path (``/lake/orders#v2``), and so do
+    delta-rs and the local file system. Refused, since delta-rs would open another folder: a
+    ``%`` anywhere (read as a percent-escape), and ``#`` or ``?`` in an object store URI (read
+    as a URL's fragment or query, and dropped: ``s3://b/orders#v2`` would be ``s3://b/orders``)."""
     if "%" in location:
         raise ConfigError(
             f"target {name!r} is at {location!r}, whose percent sign delta-rs would read as a "
             "percent-escape (another folder): give the table a location without one",
             where,
         )
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+    if location.startswith("file:"):
+        path = location.removeprefix("file:")
+        if path.startswith("//"):
+            host, slash, rest = path[2:].partition("/")
+            path = slash + rest if host in ("", "localhost") else ""
+        if not path.startswith("/"):
             raise ConfigError(f"target {name!r} is at {location!r}, not a local absolute path", where)
-        return parsed.path
-    if not parsed.scheme and not location.startswith("/"):
+        return path
+    scheme = urlparse(location).scheme
+    if not scheme and not location.startswith("/"):
         raise ConfigError(f"target {name!r} is at {location!r}, which is not an absolute location", where)
+    if scheme and ("#" in location or "?" in location):
+        mark = "#" if "#" in location else "?"
+        raise ConfigError(
+            f"target {name!r} is at {location!r}, whose {mark!r} delta-rs would read as the start of "
+            f"a URL's {'fragment' if mark == '#' else 'query'} and drop (another folder): give the "
+            "table a location without '#' or '?'",
+            where,
+        )
     return location

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 _THREADS = 8
 SWEEP_EVERY = 100
 """Epochs between sweeps of the stored index (the first epoch of a sink sweeps)."""
+FRESH_SECONDS = 3600.0
+"""Index entries (and temporary files of entries being written) younger than this are never
+deleted, by the sink's sweep or by ``vacuum``: another writer's attempt in flight may have just
+written them (and store clocks may run a few minutes apart)."""
 HIDDEN = "_mvsink"
 """The table's folder for mvsink's own files (Delta readers and vacuum ignore ``_`` folders)."""
 _ENTRY_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.int64())])
@@ -169,17 +174,22 @@ class StoredIndex:
         except Exception as exc:
             log.warning("could not delete index entries under %s: %s", self.root, exc)
 
-    def sweep(self, live: Iterable[str]) -> int:
-        """Delete every entry that is not of a file in ``live`` (keys) under this layout:
+    def sweep(self, live: Iterable[str], *, now: float | None = None) -> int:
+        """Delete every entry that is not of a file in ``live`` (keys) under this layout and
+        was last written more than ``FRESH_SECONDS`` before ``now`` (default: the clock):
         leftovers of attempts that never committed, files compacted away, old layouts.
-        Returns how many went. Deleting a needed entry only costs a re-read, so a concurrent
-        writer's fresh entry going too is harmless."""
+        Returns how many went. A younger one may be another writer's in flight: an entry it is
+        about to commit with, or the temporary file of a put about to be renamed into place
+        (``Store.put``), whose loss would fail that writer's epoch; like ``vacuum``, the sweep
+        leaves it to a later sweep."""
         keep = {self.path(k) for k in live}
         try:
-            stale = [p for p in self.store.files(self.root) if p not in keep]
+            listed = self.store.listing(self.root)
         except Exception as exc:
             log.warning("could not sweep index entries under %s: %s", self.root, exc)
             return 0
+        cutoff = (time.time() if now is None else now) - FRESH_SECONDS
+        stale = [p for p, (_, mtime) in listed.items() if p not in keep and mtime < cutoff]
         self.store.delete_later(stale, "stale index entries")  # nothing waits for them to go
         return len(stale)
 

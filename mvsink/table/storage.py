@@ -18,14 +18,18 @@ no file is ever read back.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import decimal
 import functools
 import logging
+import queue
+import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote as url_quote
@@ -221,8 +225,8 @@ class Store:
         return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
 
     def delete(self, paths: Iterable[str]) -> None:
-        """Delete files, many at a time; one already gone is no error. Raises the first
-        failure after trying every file."""
+        """Delete files, many at a time; one already gone is no error. After trying every
+        file, a ``StorageError`` saying how many failed and naming the first."""
         todo = list(paths)
         if not todo:
             return
@@ -231,20 +235,24 @@ class Store:
             return
         fs = self.fs
 
-        def one(path: str) -> None:
-            with contextlib.suppress(FileNotFoundError):
+        def one(path: str) -> str | None:
+            try:
                 fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                return f"{path}: {first_line(exc)}"
+            return None
 
         with ThreadPoolExecutor(min(DELETE_THREADS, len(todo))) as pool:
-            failures = [f.exception() for f in [pool.submit(one, p) for p in todo]]
-        first = next((e for e in failures if e is not None), None)
-        if first is not None:
-            raise first
+            failed = [f for f in pool.map(one, todo) if f is not None]
+        _raise_failed(self.root, failed, len(todo))
 
     def delete_later(self, paths: Iterable[str], what: str) -> None:
         """Delete files off the caller's path, in a background thread: for cleanup nothing
-        waits for (index entries of files that left the table). A failure is a WARNING;
-        what stays behind is swept later."""
+        depends on (index entries of files that left the table). A failure is a WARNING, and
+        no process waits long for them (``wait_for_cleanup``): what stays behind is swept
+        later."""
         todo = list(paths)
         if not todo:
             return
@@ -314,6 +322,12 @@ def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSys
 DELETE_PROCESSES = 8
 """Helper processes deleting a large batch of files from an object store at once."""
 _PER_PROCESS = 64  # fewer files than this per helper are not worth starting one
+BACKGROUND_HELPERS = 4
+"""Long-lived helper processes the background deletes on object stores are spread over."""
+CLEANUP_WAIT = 10.0
+"""Seconds ``wait_for_cleanup`` waits by default (the CLI before it exits, and any process at
+exit): index entries are only a cache, so deletes still running then are dropped, and the next
+sweep finds what they would have deleted."""
 
 # delta-rs's file system handler holds the GIL while it waits on the network, so threads do
 # not overlap its deletes; helper processes do. A helper is a plain interpreter (-P: nothing
@@ -357,30 +371,47 @@ def _start_deleter() -> Any:
 
 
 class _BackgroundDeleter:
-    """One long-lived helper process for the deletes ``Store.delete_later`` queues on object
-    stores (used from the one cleanup thread only): a process started once, not per epoch."""
+    """Up to ``BACKGROUND_HELPERS`` long-lived helper processes for the deletes
+    ``Store.delete_later`` queues on object stores (used from the one cleanup thread only):
+    started once, not per epoch, and each job's files spread over them, so its deletes run in
+    parallel (a store that answers slowly costs one request's time per share, not per file)."""
 
     def __init__(self) -> None:
-        self.proc: Any = None
+        self.procs: list[Any] = []
 
     def delete(self, root: str, options: Mapping[str, str], paths: list[str]) -> list[str]:
         import json
 
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = _start_deleter()
-        job = json.dumps({"root": root, "options": dict(options), "paths": paths})
+        shares = min(BACKGROUND_HELPERS, len(paths))
+        self.procs = [p for p in self.procs if p.poll() is None]
+        while len(self.procs) < shares:
+            self.procs.append(_start_deleter())
+        job = {"root": root, "options": dict(options)}
+        busy = self.procs[:shares]
+        failed: list[str] = []
         try:
-            self.proc.stdin.write(job + "\n")
-            self.proc.stdin.flush()
-            answer = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError) as exc:
-            self.proc = None
-            raise StorageError(f"the delete helper process stopped: {exc}") from exc
-        if not answer:
-            self.proc = None
-            raise StorageError("the delete helper process stopped before answering")
-        failed: list[str] = json.loads(answer)
+            for i, proc in enumerate(busy):
+                proc.stdin.write(json.dumps({**job, "paths": paths[i::shares]}) + "\n")
+                proc.stdin.flush()
+            answers = [proc.stdout.readline() for proc in busy]
+        except (OSError, ValueError) as exc:  # a pipe closed (``stop``: the wait gave up)
+            self.stop()
+            raise StorageError(f"the delete helper processes stopped: {exc}") from exc
+        for answer in answers:
+            if not answer:
+                self.stop()
+                raise StorageError("a delete helper process stopped before answering")
+            failed.extend(json.loads(answer))
         return failed
+
+    def stop(self) -> None:
+        """End the helpers now, deletes in flight or not (what they leave, a sweep finds)."""
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(5)
 
 
 _background_deleter = _BackgroundDeleter()
@@ -389,8 +420,8 @@ _background_deleter = _BackgroundDeleter()
 def _delete_remote(
     root: str, options: Mapping[str, str], paths: list[str], *, background: bool = False
 ) -> None:
-    """Delete ``paths`` from an object store. In the background: through the one long-lived
-    helper process (the GIL stays the epoch's). Else in this process below ``_PER_PROCESS``
+    """Delete ``paths`` from an object store. In the background: through the long-lived
+    helper processes (the GIL stays the epoch's). Else in this process below ``_PER_PROCESS``
     files, or spread over up to ``DELETE_PROCESSES`` helper processes. Raises ``StorageError``
     naming the first failure, after trying every file."""
     helpers = min(DELETE_PROCESSES, len(paths) // _PER_PROCESS)
@@ -398,10 +429,14 @@ def _delete_remote(
         failed = _background_deleter.delete(root, options, paths)
     elif helpers < 2:
         fs = _filesystem(root, tuple(sorted(options.items())))
+        failed = []
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 fs.delete_file(path)
-        return
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                failed.append(f"{path}: {first_line(exc)}")
     else:
         import json
 
@@ -416,19 +451,85 @@ def _delete_remote(
                 failed.append(f"a delete helper exited with {proc.returncode}")
                 continue
             failed.extend(json.loads(out))
+    _raise_failed(root, failed, len(paths))
+
+
+def _raise_failed(root: str, failed: Sequence[str], tried: int) -> None:
     if failed:
-        raise StorageError(f"{len(failed)} of {len(paths)} deletes under {root} failed, e.g. {failed[0]}")
+        raise StorageError(f"{len(failed)} of {tried} deletes under {root} failed, e.g. {failed[0]}")
+
+
+class _Cleanup:
+    """The one background thread that runs queued cleanup, in order. A daemon thread, unlike
+    a ``ThreadPoolExecutor``'s (which the interpreter joins at exit, however long the store
+    takes to answer): how long a process waits for it is ``wait_for_cleanup``'s to bound."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]
+        self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Queue ``fn(*args)``; its future. ``RuntimeError`` at interpreter shutdown."""
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="mvsink-cleanup", daemon=True)
+                self._thread.start()
+            self._jobs.put((future, fn, args))
+        return future
+
+    def drop(self) -> int:
+        """Cancel every job not yet started; how many."""
+        dropped = 0
+        while True:
+            try:
+                future, _, _ = self._jobs.get_nowait()
+            except queue.Empty:
+                return dropped
+            dropped += future.cancel()
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
 
 
 @functools.lru_cache(maxsize=1)
-def _cleanup_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(1, thread_name_prefix="mvsink-cleanup")
+def _cleanup_pool() -> _Cleanup:
+    atexit.register(wait_for_cleanup)
+    return _Cleanup()
 
 
-def wait_for_cleanup(timeout: float | None = None) -> None:
-    """Return once the deletes ``Store.delete_later`` queued so far are done (in order: one
-    background thread runs them)."""
-    _cleanup_pool().submit(lambda: None).result(timeout)
+def wait_for_cleanup(timeout: float | None = CLEANUP_WAIT) -> bool:
+    """Wait until the deletes ``Store.delete_later`` queued so far are done (one background
+    thread runs them, in order), for at most ``timeout`` seconds (None: however long it
+    takes); whether they all finished. Past the timeout the rest are dropped: those queued are
+    cancelled and the helper processes of those in flight ended, so a store that accepts
+    connections and never answers cannot hold the process. What they would have deleted (index
+    entries: only a cache) stays for the next sweep or ``vacuum``. Runs at exit by itself."""
+    pool = _cleanup_pool()
+    try:
+        pool.submit(lambda: None).result(timeout)
+        return True
+    except RuntimeError:  # the interpreter is shutting down and the thread is gone
+        return False
+    except FutureTimeout:
+        dropped = pool.drop()
+        _background_deleter.stop()
+        log.warning(
+            "background deletes of index entries still running after %gs (%d more queued): left "
+            "for the next sweep",
+            timeout,
+            dropped,
+        )
+        return False
 
 
 @functools.lru_cache(maxsize=16)
