@@ -549,6 +549,7 @@ def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_
     assert json.loads((tmp_path / "late" / "offsets" / "0").read_text().splitlines()[2]) == {
         "version": 5,
         "from": 4,
+        "id": DeltaTable(source).metadata().id,
     }
     assert run("covering", startingVersion="3") is None
     assert multiset(target_table(local_target)) == Counter([(1, "v4"), (2, "v3"), (9, "v5")])

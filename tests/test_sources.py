@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
+import shutil
 from collections import Counter
 
 import pyarrow as pa
@@ -189,8 +192,10 @@ def test_the_change_feed_names_a_vacuumed_file_and_a_column_clash(spark, tmp_pat
     sink(view_at(spark, 0), 0)
     sink(view_at(spark, 1), 1)
     DeltaTable(local_target).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-    with pytest.raises(Exception, match="no longer exists"):
-        feed(spark, local_target, str(tmp_path / "ckpt"))
+    # Told to read the history from version 0, whose files are gone (by default the query
+    # starts from a snapshot then: test_the_default_start_is_a_snapshot_once_version_0_is_gone).
+    with pytest.raises(Exception, match=r"no longer exists.*startingSnapshot='latest'"):
+        feed(spark, local_target, str(tmp_path / "ckpt"), startingVersion="0")
     clash = str(tmp_path / "clash")
     write_deltalake(clash, pa.table({"id": [1], "diff": [2]}))
     register(spark)
@@ -259,3 +264,260 @@ def test_the_source_registers_from_spark_4_on_and_is_refused_clearly_before(spar
         with pytest.raises(ConfigError, match=r"Spark runs from 4\.0 on; this is PySpark 3\.5") as info:
             register(spark)
         assert "clock='source_offsets' works with those too" in str(info.value)
+
+
+# --- where a query starts, its options, the table's identity and schema ----------------------
+
+
+def stream(spark, target: str, ckpt: str, **options: str) -> tuple[list[pa.Table], Exception | None]:
+    """Run a query from ``ckpt`` over what is available: its non-empty batches, and how it
+    failed (None: it did not)."""
+    register(spark)
+    batches: list[pa.Table] = []
+    reader = spark.readStream.format("mvsink-delta").option("path", target)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    query = reader.load().writeStream.foreachBatch(lambda df, _: batches.append(to_arrow(df)))
+    run = query.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    failed: Exception | None = None
+    try:
+        run.awaitTermination(300)
+        failed = run.exception()
+    except Exception as exc:
+        failed = exc
+    return [b for b in batches if b.num_rows], failed
+
+
+def ids(batches: list[pa.Table]) -> list[list[int]]:
+    return [sorted(b["id"].to_pylist()) for b in batches]
+
+
+def last_offset(ckpt: str) -> dict:
+    """The source's end offset of the checkpoint's last batch, as Spark recorded it."""
+    folder = os.path.join(ckpt, "offsets")
+    last = max(int(n) for n in os.listdir(folder) if n.isdigit())
+    with open(os.path.join(folder, str(last))) as fh:
+        return json.loads(fh.read().splitlines()[2])
+
+
+@SPARK4
+def test_a_table_made_again_at_the_same_path_stops_the_stream(spark, tmp_path, local_target):
+    ckpt = str(tmp_path / "ckpt")
+    for v in range(6):  # versions 0..5
+        append(local_target, range(v, v + 1), "old")
+    assert ids(stream(spark, local_target, ckpt)[0]) == [[0, 1, 2, 3, 4, 5]]
+    assert last_offset(ckpt) == {"version": 5, "from": -1, "id": DeltaTable(local_target).metadata().id}
+    shutil.rmtree(local_target)  # dropped, and made again: versions 0..6 of another table
+    for v in range(7):
+        append(local_target, range(100 + v, 101 + v), "new")
+    batches, failed = stream(spark, local_target, ckpt)
+    assert batches == []  # not version 6 alone, as if the new table went on from the old
+    assert failed is not None and "is not the table this stream was reading" in str(failed)
+    assert DeltaTable(local_target).metadata().id in str(failed)
+    # A new checkpoint reads the new table.
+    assert ids(stream(spark, local_target, str(tmp_path / "new"))[0]) == [list(range(100, 107))]
+
+
+@SPARK4
+def test_offsets_recorded_before_the_table_id_are_read_and_the_id_is_recorded_from_then(
+    spark, tmp_path, local_target
+):
+    ckpt = str(tmp_path / "ckpt")
+    append(local_target, range(0, 2), "a")
+    assert ids(stream(spark, local_target, ckpt)[0]) == [[0, 1]]
+    # As a checkpoint of an earlier mvsink wrote it: no "id" in its offsets.
+    folder = tmp_path / "ckpt" / "offsets"
+    for name in [n for n in os.listdir(folder) if n.isdigit()]:
+        lines = (folder / name).read_text().splitlines()
+        offset = json.loads(lines[2])
+        offset.pop("id", None)
+        (folder / name).write_text("\n".join([*lines[:2], json.dumps(offset)]))
+    append(local_target, range(2, 3), "b")
+    batches, failed = stream(spark, local_target, ckpt)
+    assert failed is None and ids(batches) == [[2]]
+    assert last_offset(ckpt) == {"version": 1, "from": -1, "id": DeltaTable(local_target).metadata().id}
+
+
+@SPARK4
+def test_every_option_is_checked_and_an_unknown_name_is_refused(spark, tmp_path, local_target):
+    from mvsink.sources.reader import DeltaVersions
+
+    append(local_target, range(0, 2), "a")
+    bad = {
+        "maxVersionsPerTrigger=-1": (
+            {"maxVersionsPerTrigger": "-1"},
+            "'maxVersionsPerTrigger' is a positive",
+        ),
+        "maxVersionsPerTrigger=0": ({"maxVersionsPerTrigger": "0"}, "'maxVersionsPerTrigger' is a positive"),
+        "maxVersionsPerTrigger=two": ({"maxVersionsPerTrigger": "two"}, "not 'two'"),
+        "startingVersion=-1": ({"startingVersion": "-1"}, "'startingVersion' is a Delta version"),
+        "startingVersion=1.5": ({"startingVersion": "1.5"}, "'startingVersion' is a Delta version"),
+        "startingVersion=first": ({"startingVersion": "first"}, "or 'latest', not 'first'"),
+        "startingSnapshot=-3": ({"startingSnapshot": "-3"}, "'startingSnapshot' is a Delta version"),
+        "startingSnapshot past": ({"startingSnapshot": "9"}, "startingSnapshot 9 is past the latest version"),
+        "both starts": ({"startingVersion": "0", "startingSnapshot": "0"}, "not both"),
+        "rewriteRowsPerTask=0": ({"rewriteRowsPerTask": "0"}, "'rewriteRowsPerTask' is a positive number"),
+        "mode": ({"mode": "upserts"}, "'mode' is one of"),
+        "typo": ({"maxVersionPerTrigger": "1"}, "has no option 'maxVersionPerTrigger'"),
+        "storage key without the prefix": ({"timeout": "30s"}, "as 'storage.<key>'"),
+    }
+    for case, (options, message) in bad.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            DeltaVersions({"path": local_target, **options}).schema()
+        with pytest.raises(
+            Exception, match=re.escape(message.replace("maxVersionPerTrigger", "maxversionpertrigger"))
+        ):
+            reader = spark.readStream.format("mvsink-delta").option("path", local_target)
+            for k, v in options.items():
+                reader = reader.option(k, v)
+            register(spark)
+            reader.load()
+        assert case
+    with pytest.raises(ConfigError, match="needs option 'path'"):
+        DeltaVersions({"mode": "changes"}).schema()
+    # Valid spellings pass, in any case: Spark hands the names over lower-cased.
+    source = DeltaVersions({"path": local_target, "MAXVERSIONSPERTRIGGER": "1", "startingversion": "LATEST"})
+    reader = source.streamReader(source.schema())
+    assert reader.limit == 1 and reader.initialOffset()["version"] == DeltaTable(local_target).version()
+
+
+@SPARK4
+def test_starting_version_latest_reads_only_the_versions_after_the_start(spark, tmp_path, local_target):
+    ckpt = str(tmp_path / "ckpt")
+    append(local_target, range(0, 2), "a")
+    append(local_target, range(2, 3), "b")
+    batches, failed = stream(spark, local_target, ckpt, startingVersion="latest")
+    assert failed is None and batches == []
+    append(local_target, range(3, 5), "c")
+    batches, failed = stream(spark, local_target, ckpt, startingVersion="latest")
+    assert failed is None and ids(batches) == [[3, 4]]
+    assert last_offset(ckpt)["from"] == 1  # where the query started: after version 1
+
+
+@SPARK4
+def test_storage_options_pass_with_the_storage_prefix_and_as_bare_cloud_keys(
+    spark, tmp_path, s3_target, s3_options
+):
+    """The server ``s3_options`` reach is not in the environment: only options passed on reach it."""
+    write_deltalake(
+        s3_target, pa.table({"id": [1, 2], "v": ["a", "b"]}, schema=SCHEMA), storage_options=s3_options
+    )
+    prefixed = {f"storage.{k}": v for k, v in s3_options.items()}
+    batches, failed = stream(spark, s3_target, str(tmp_path / "prefixed"), **prefixed)
+    assert failed is None and ids(batches) == [[1, 2]]
+    batches, failed = stream(spark, s3_target, str(tmp_path / "bare"), **s3_options)  # as documented before
+    assert failed is None and ids(batches) == [[1, 2]]
+
+
+def widen(target: str, keys: range) -> None:
+    """Append rows with a new column ``extra``: the version changes the table's schema."""
+    rows = pa.table({"id": list(keys), "v": ["w"] * len(keys), "extra": [1.5] * len(keys)})
+    write_deltalake(target, rows, mode="append", schema_mode="merge")
+
+
+@SPARK4
+@pytest.mark.parametrize("mode", ["appends", "changes"])
+def test_a_fresh_query_reads_up_to_a_schema_change_and_stops_there(spark, tmp_path, local_target, mode):
+    append(local_target, range(0, 2), "a")  # version 0
+    append(local_target, range(2, 3), "b")  # 1
+    widen(local_target, range(3, 4))  # 2: a new column
+    widen(local_target, range(4, 5))  # 3
+    batches, failed = stream(
+        spark, local_target, str(tmp_path / "ckpt"), mode=mode, maxVersionsPerTrigger="1"
+    )
+    assert ids(batches) == [[0, 1], [2]]  # versions 0 and 1, under their own schema
+    assert all("extra" not in b.column_names for b in batches)
+    assert failed is not None and "Delta version 2 of" in str(failed)
+    assert "changes the table's schema" in str(failed) and "startingVersion=2" in str(failed)
+    # The advice works: a new query from version 2 reads on under the new schema.
+    batches, failed = stream(spark, local_target, str(tmp_path / "from2"), mode=mode, startingVersion="2")
+    assert failed is None and ids(batches) == [[3, 4]]
+    assert batches[0]["extra"].to_pylist() == [1.5, 1.5]
+    if mode == "changes":
+        assert batches[0]["_commit_version"].to_pylist() == [2, 3] and batches[0]["diff"].to_pylist() == [
+            1,
+            1,
+        ]
+
+
+@SPARK4
+def test_a_restarted_query_stops_at_a_schema_change_it_has_not_read(spark, tmp_path, local_target):
+    ckpt = str(tmp_path / "ckpt")
+    append(local_target, range(0, 2), "a")
+    append(local_target, range(2, 3), "b")
+    assert ids(stream(spark, local_target, ckpt)[0]) == [[0, 1, 2]]
+    widen(local_target, range(3, 4))  # version 2
+    widen(local_target, range(4, 5))  # 3
+    batches, failed = stream(spark, local_target, ckpt)
+    assert batches == [] and failed is not None
+    assert "Delta version 2 of" in str(failed) and "changes the table's schema" in str(failed)
+    # Restarted from the checkpoint with another start, so the stream's schema is the new one:
+    # its checkpoint stands at version 1, under the old schema. It stops too.
+    batches, failed = stream(spark, local_target, ckpt, startingVersion="2")
+    assert batches == [] and failed is not None
+    assert "at version 1, where this query's checkpoint stands, is not the stream's schema" in str(failed)
+
+
+@SPARK4
+def test_the_default_start_is_a_snapshot_once_version_0_is_gone(spark, tmp_path):
+    # Vacuumed: version 0's files were compacted away and deleted.
+    vacuumed = str(tmp_path / "vacuumed")
+    for v in range(3):
+        append(vacuumed, range(v * 2, v * 2 + 2), "a")
+    DeltaTable(vacuumed).optimize.compact()  # version 3
+    DeltaTable(vacuumed).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    ckpt = str(tmp_path / "ckpt")
+    batches, failed = stream(spark, vacuumed, ckpt, maxVersionsPerTrigger="1")
+    latest = DeltaTable(vacuumed).version()  # (vacuum commits too)
+    assert failed is None and ids(batches) == [list(range(6))]  # the table as of its latest version
+    # Its first batch covers everything up to that version: it starts from nothing ("from" -1).
+    assert last_offset(ckpt) == {"version": latest, "from": -1, "id": DeltaTable(vacuumed).metadata().id}
+    append(vacuumed, range(6, 7), "b")
+    batches, failed = stream(spark, vacuumed, ckpt, maxVersionsPerTrigger="1")
+    assert failed is None and ids(batches) == [[6]]  # then the versions after it
+    assert last_offset(ckpt)["from"] == -1
+
+    # Log cleanup: version 0's commit is no longer in the log (a checkpoint at 2 holds the state).
+    cleaned = str(tmp_path / "cleaned")
+    for v in range(3):
+        append(cleaned, range(v, v + 1), "a")
+    DeltaTable(cleaned).create_checkpoint()
+    os.remove(os.path.join(cleaned, "_delta_log", f"{0:020}.json"))
+    batches, failed = stream(spark, cleaned, str(tmp_path / "ckpt2"))
+    assert failed is None and ids(batches) == [[0, 1, 2]]
+
+    # While version 0 and its files are there, the default stays the whole history.
+    kept = str(tmp_path / "kept")
+    for v in range(2):
+        append(kept, range(v, v + 1), "a")
+    batches, failed = stream(spark, kept, str(tmp_path / "ckpt3"), maxVersionsPerTrigger="1")
+    assert failed is None and ids(batches) == [[0], [1]]
+
+
+@SPARK4
+def test_the_change_feed_from_a_snapshot_is_the_view_then_its_exact_changes(spark, tmp_path, local_target):
+    sink = MVSink(local_target, "feed", max_rows_per_file=8)
+    for epoch in range(5):
+        sink(view_at(spark, epoch), epoch)
+    last = DeltaTable(local_target).version()
+    ckpt = str(tmp_path / "ckpt")
+    batches, failed = stream(
+        spark, local_target, ckpt, mode="changes", startingSnapshot="2", maxVersionsPerTrigger="1"
+    )
+    assert failed is None
+    first = batches[0]
+    assert set(first["_commit_version"].to_pylist()) == {2} and set(first["diff"].to_pylist()) == {1}
+    assert multiset(first, ["id", "v"]) == multiset(target_table(local_target, 2), ["id", "v"])
+    rows = pa.concat_tables(batches[1:])
+    for v in range(3, last + 1):
+        before = multiset(target_table(local_target, v - 1), ["id", "v"])
+        after = multiset(target_table(local_target, v), ["id", "v"])
+        assert signed(rows, v, +1) == after - before and signed(rows, v, -1) == before - after
+    with open(os.path.join(ckpt, "offsets", "0")) as fh:
+        assert json.loads(fh.read().splitlines()[2])["from"] == -1  # a full rebuild, for the clock
+    # startingSnapshot=latest: the view as it is now, in one batch.
+    batches, failed = stream(
+        spark, local_target, str(tmp_path / "latest"), mode="changes", startingSnapshot="latest"
+    )
+    assert failed is None and len(batches) == 1
+    assert multiset(batches[0], ["id", "v"]) == multiset(target_table(local_target), ["id", "v"])

@@ -9,7 +9,7 @@ that each only grow, in each source kind's own order:
 
 * Delta's streaming source (``{"reservoirVersion": v, "index": i, ...}``) is ordered by
   ``(v, i)`` lexicographically (``i`` restarts as ``v`` grows): one part ``"<n>.delta"``;
-* ``mvsink-delta``'s ``{"version": n, "from": s}`` is ordered by ``n``: one part
+* ``mvsink-delta``'s ``{"version": n, "from": s, "id": t}`` is ordered by ``n``: one part
   ``"<n>.version"`` (``s``, where the query started, is no part of its time);
 * any other source (Kafka's ``{"topic": {"partition": offset}}``, files' ``{"logOffset": n}``,
   a plain number) has a part per integer leaf, by dotted name (``"1.topic.3"``);
@@ -141,8 +141,8 @@ def source_parts(name: str, offset: Any, where: Where) -> dict[str, int]:
         ):
             raise ConfigError(f"source {name}: a Delta offset mvsink cannot order: {offset}", where)
         return {f"{name}.delta": version << _DELTA_INDEX_BITS | rank}
-    if isinstance(offset, Mapping) and set(offset) == {"version", "from"}:  # mvsink-delta
-        offset = {"version": offset["version"]}
+    if isinstance(offset, Mapping) and {"version", "from"} <= set(offset) <= {"version", "from", "id"}:
+        offset = {"version": offset["version"]}  # mvsink-delta: its start and table id are no time
     parts = flatten(offset, where, name) if not isinstance(offset, (int, bool)) else {name: int(offset)}
     if not parts:
         raise ConfigError(

@@ -1,5 +1,5 @@
-"""``mvsink-delta``: a Delta table as a Spark stream (``reader``), and the exact change of one
-commit (``changes``). ``register(spark)`` is the entry point.
+"""``mvsink-delta``: a Delta table as a Spark stream (``reader``), its options (``options``), and
+the exact change of one commit (``changes``). ``register(spark)`` is the entry point.
 Imports ``table`` and the base modules."""
 
 from mvsink.sources.reader import register

@@ -7,16 +7,44 @@ local disk or an object store) as a stream whose offset is the Delta version::
     register(spark)
     stream = (spark.readStream.format("mvsink-delta")
               .option("path", "s3://bucket/bronze/orders")
-              .option("AWS_REGION", "eu-west-1")          # any other option: storage_options
+              .option("storage.AWS_REGION", "eu-west-1")  # storage options: "storage." + key
               .load())
 
+Options (``options.py`` checks them all; an unknown name is a ``ConfigError``): ``path``,
+``mode``, ``startingVersion``, ``startingSnapshot``, ``maxVersionsPerTrigger`` (at least 1),
+``rewriteRowsPerTask``, and storage options as ``storage.<key>`` (bare ``AWS_*``, ``AZURE_*``,
+``GOOGLE_*`` keys too, as documented before the prefix).
+
+**Where a query starts** (``_start``; a restarted query goes on from its checkpoint):
+
+- ``startingVersion = n``: the versions from ``n`` on (``latest``: those after the latest
+  version when the query starts);
+- ``startingSnapshot = n``: the table as of version ``n`` (``latest``: the latest version) in
+  the first batch, then the versions after it (what Delta's own source does for a new query);
+- neither: version 0 on (the first batch rebuilds the view) while the log still holds version
+  0 and its files; once they are gone (log cleanup, vacuum), the snapshot at the latest version.
+
 Each micro-batch reads the versions after the last one it read, up to the latest (at most
-``maxVersionsPerTrigger`` of them when given), from ``startingVersion`` (default 0) on. The
-offset, ``{"version": v, "from": s}``, orders batches by ``v``, the same for every query
-reading the table, which is what replicas need to share a clock; ``s`` is the version before
-the query's first (``startingVersion - 1``), so its checkpoint says where its first batch
-started. Versions are read from the commit files of the Delta log
-through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
+``maxVersionsPerTrigger`` of them when given; a snapshot is one batch of its own).
+
+**The offset** ``{"version": v, "from": s, "id": t}`` orders batches by ``v``, the same for
+every query reading the table, which is what replicas need to share a clock. ``s`` is the
+version before the query's first (``startingVersion - 1``; -1 for a snapshot start, whose
+first batch holds everything up to its version), so the checkpoint says where the first batch
+started (``epoch/clock.py``). ``t`` is the table's id (Delta's ``metaData.id``): a table
+dropped and made again at the same path has a new id and versions that are not the ones the
+stream read, so a stream whose offsets name another id stops (``_same_table``). An offset of
+a checkpoint written before ``id`` was recorded is taken as it is and the next offset records
+the id of the table found then (a table replaced before that restart goes unnoticed).
+
+**Schema.** The stream's schema is the table's at the query's start (the starting version,
+or the snapshot's). A version that changes it stops the stream there, on a fresh start and
+after a restart alike (start a new query from that version to read on), so every version the
+stream reads is read under its own schema; a restart whose checkpoint stands where the
+table's schema is not the stream's stops too (``_check_resumed``).
+
+Versions are read from the commit files of the Delta log through the sink's I/O layer
+(``storage.Store``). Two modes (option ``mode``):
 
 - ``"appends"`` (default): the rows of the files each version *adds with a data change*. A
   version that only rearranges rows (a compaction, ``dataChange = false``) adds nothing; a
@@ -26,7 +54,8 @@ through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
   yields the rows it inserted (``diff = +1``) and retracted (``diff = -1``), one row per unit,
   with its ``_commit_version``: the multiset difference of the rows of the files it adds and
   removes (``changes.py``), so the untouched rows of a rewritten file do not show up. Summed
-  over versions from 0 the feed is the table; a compaction yields nothing. A version that only
+  over versions from 0 the feed is the table (a snapshot start yields the table at its
+  version as inserts); a compaction yields nothing. A version that only
   adds (or only removes) files is read one task per file; in a partition where it does both,
   the rows cancel by fingerprint: one task reads that partition's files and holds the
   fingerprints of the rows they hold (about 40 bytes a row), or, above ``rewriteRowsPerTask``
@@ -35,8 +64,8 @@ through the sink's I/O layer (``storage.Store``). Two modes (option ``mode``):
   cancels exactly and holds a share of the fingerprints, but reads every file of the
   partition (memory divided, reads multiplied by the bucket count).
 
-Either mode refuses a version that changes the table's schema (start a new query from there)
-and tables whose files do not hold rows as their names say (deletion vectors, column mapping).
+Either mode refuses tables whose files do not hold rows as their names say (deletion
+vectors, column mapping).
 """
 
 from __future__ import annotations
@@ -49,6 +78,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql.types import LongType, StructField, StructType
 
 from mvsink.compat import PYTHON_DATA_SOURCES, SPARK_LINE
@@ -82,20 +112,22 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.sources.changes import Mask, exact_change
-from mvsink.table.delta import DataFile, check_features, log_actions, table_root
+from mvsink.sources.options import MODES, NAME, REWRITE_ROWS_PER_TASK, SourceOptions, parse
+from mvsink.table.delta import DataFile, check_features, log_actions, partition_string
 from mvsink.table.fingerprint import I64, fingerprints
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store
 
-NAME = "mvsink-delta"
-MODES = ("appends", "changes")
+__all__ = ["MODES", "NAME", "REWRITE_ROWS_PER_TASK", "DeltaVersions", "register"]
+
 DIFF = "diff"
 VERSION = "_commit_version"
-_OWN = {"path", "maxversionspertrigger", "startingversion", "mode", "rewriterowspertask"}
-REWRITE_ROWS_PER_TASK = 20_000_000
-"""Rows whose fingerprints one task of the change feed holds, if it can (``_Rewrite``)."""
 MAX_REWRITE_BUCKETS = 16
 """At most this many tasks split one rewrite: each reads every file of it."""
+_NEW_QUERY = (
+    "start a new query (a new checkpoint) with startingSnapshot='latest' (the table as it is, "
+    "then its versions) or a later startingVersion"
+)
 
 
 def register(spark: Any) -> None:
@@ -110,6 +142,15 @@ def register(spark: Any) -> None:
     spark.dataSource.register(DeltaVersions)
 
 
+@dataclass(frozen=True)
+class _Start:
+    """Where a new query starts: the versions from ``version`` on, or (``snapshot``) the table
+    as of ``version`` and then the versions after it."""
+
+    version: int
+    snapshot: bool
+
+
 class DeltaVersions(DataSource):
     """The ``mvsink-delta`` source (see the module doc)."""
 
@@ -117,31 +158,15 @@ class DeltaVersions(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def _settings(self) -> tuple[str, dict[str, str], str]:
-        path = self.options.get("path")
-        if not path:
-            raise InputError("the mvsink-delta source needs option 'path' (the Delta table)")
-        mode = str(self.options.get("mode") or "appends").lower()
-        if mode not in MODES:
-            raise InputError(f"the mvsink-delta source's option 'mode' is one of {MODES}, not {mode!r}")
-        storage = {k: str(v) for k, v in self.options.items() if k.lower() not in _OWN}
-        return table_root(str(path)), storage, mode
-
-    def _table_schema(self) -> StructType:
-        root, storage, _ = self._settings()
-        table = DeltaTable(root, storage_options=storage or None)
-        # Files of such tables do not hold rows as their names say: refuse, never misread.
-        check_features(table, Where(target=root))
-        return StructType.fromJson(json.loads(table.schema().to_json()))
-
     def schema(self) -> StructType:
-        table = self._table_schema()
-        if self._settings()[2] == "appends":
+        opts = parse(self.options)
+        table = _start_schema(Store(opts.root, dict(opts.storage)), _start(opts))
+        if opts.mode == "appends":
             return table
         taken = {f.name.lower() for f in table.fields} & {DIFF, VERSION.lower()}
         if taken:
             raise InputError(
-                f"the table at {self._settings()[0]} has column(s) {sorted(taken)}, which the "
+                f"the table at {opts.root} has column(s) {sorted(taken)}, which the "
                 f"change feed adds ({DIFF!r}, {VERSION!r}): rename them in the view"
             )
         return StructType(
@@ -149,20 +174,81 @@ class DeltaVersions(DataSource):
         )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        root, storage, mode = self._settings()
-        limit = self.options.get("maxVersionsPerTrigger")
-        start = self.options.get("startingVersion")
-        per_task = self.options.get("rewriteRowsPerTask")
-        if per_task is not None and (not str(per_task).isdigit() or int(per_task) < 1):
-            raise InputError(f"option 'rewriteRowsPerTask' is a positive number of rows, not {per_task!r}")
+        opts = parse(self.options)
+        store = Store(opts.root, dict(opts.storage))
+        start = _start(opts)
         return _VersionReader(
-            Store(root, storage),
-            self._table_schema(),
-            mode == "changes",
-            int(limit) if limit else None,
-            int(start) if start else 0,
-            int(per_task) if per_task else REWRITE_ROWS_PER_TASK,
+            store,
+            _start_schema(store, start),
+            opts.mode == "changes",
+            opts.max_versions_per_trigger,
+            start,
+            opts.rewrite_rows_per_task,
         )
+
+
+def _open(store: Store, version: int | None = None) -> DeltaTable:
+    """The table (as of ``version``; None: the latest), or an ``InputError`` saying why not."""
+    try:
+        return DeltaTable(store.root, version=version, storage_options=dict(store.options) or None)
+    except DeltaError as exc:
+        at = "" if version is None else f"version {version} of "
+        reason = (str(exc).splitlines() or [repr(exc)])[0]
+        raise InputError(f"cannot read {at}the Delta table at {store.root}: {reason}") from exc
+
+
+def _schema_of(table: DeltaTable) -> StructType:
+    # Files of such tables do not hold rows as their names say: refuse, never misread.
+    check_features(table, Where(target=table.table_uri))
+    return StructType.fromJson(json.loads(table.schema().to_json()))
+
+
+def _start(opts: SourceOptions) -> _Start:
+    """Where a new query starts (the module doc). Asked when the query is defined and again
+    when it starts; only a query without a checkpoint uses it."""
+    store = Store(opts.root, dict(opts.storage))
+    latest = int(_open(store).version())
+    if opts.starting_snapshot is not None:
+        at = latest if opts.starting_snapshot == "latest" else opts.starting_snapshot
+        if at > latest:
+            raise ConfigError(
+                f"the {NAME} source's startingSnapshot {at} is past the latest version of "
+                f"{opts.root} ({latest})"
+            )
+        return _Start(at, snapshot=True)
+    if opts.starting_version == "latest":
+        return _Start(latest + 1, snapshot=False)
+    if opts.starting_version is not None:
+        return _Start(opts.starting_version, snapshot=False)
+    return _Start(0, snapshot=False) if _history_kept(store) else _Start(latest, snapshot=True)
+
+
+def _history_kept(store: Store) -> bool:
+    """Whether the log still holds version 0 and the files it added (neither log cleanup nor
+    vacuum took them). A later version's files may still be gone: the stream then stops
+    naming the file, and a snapshot start is the way on."""
+    actions = log_actions(store, 0)
+    if actions is None:
+        return False
+    keys = [DataFile(a["add"]["path"], 0, None).key for a in actions if a.get("add")]
+    return len(store.sizes(keys)) == len(set(keys))
+
+
+def _start_schema(store: Store, start: _Start) -> StructType:
+    """The stream's schema: the table's at the version the query starts at (the latest one's
+    for a start past it)."""
+    latest = _open(store)
+    if start.version >= int(latest.version()):
+        return _schema_of(latest)
+    return _schema_of(_open(store, start.version))
+
+
+def _schema_at(store: Store, version: int) -> StructType | None:
+    """The table's schema as of ``version``, or None where the log no longer holds it."""
+    try:
+        return _schema_of(_open(store, version))
+    except InputError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -213,13 +299,18 @@ def _refused_features(action: Mapping[str, Any]) -> list[str]:
 
 
 class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Reads the versions (or the first batch's snapshot) an offset range covers. State: the
+    query's ``start`` and the stream's ``table_schema`` (fixed when the query starts), the
+    table's id when the query started (``table_id``), the version availableNow stops at
+    (``until``), and whether a resumed query's checkpoint was checked (``resumed``)."""
+
     def __init__(
         self,
         store: Store,
         table_schema: StructType,
         changes: bool,
         limit: int | None,
-        start: int,
+        start: _Start,
         rewrite_rows_per_task: int = REWRITE_ROWS_PER_TASK,
     ) -> None:
         self.store = store
@@ -228,20 +319,31 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.changes = changes
         self.limit = limit
         self.start = start
+        self.table_id = self._head()[1]
         self.until: int | None = None  # availableNow: the version latest when the run began
+        self.resumed = False
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         # "from": where this query's first batch starts, carried in every offset so that the
         # checkpoint records it (a shared clock learns the first batch's start from it:
         # ``clock.batch_start``). Spark records no initial offset of a Python source.
-        return {"version": self.start - 1, "from": self.start - 1}
+        if self.start.snapshot:
+            # The first batch is the table as of the snapshot's version: what reading every
+            # version from 0 would have summed to, in one batch. So it starts from nothing,
+            # "from" -1 as for startingVersion 0: a full rebuild, which covers any committed
+            # time up to the snapshot's version. (Not "version - 1": the batch does not hold
+            # only that version's change.) "snapshot" marks this offset, which Spark never
+            # records, as the start of such a query (``partitions``).
+            return {"version": -1, "from": -1, "id": self.table_id, "snapshot": self.start.version}
+        return {"version": self.start.version - 1, "from": self.start.version - 1, "id": self.table_id}
 
-    def _latest(self) -> int:
-        table = DeltaTable(self.store.root, storage_options=dict(self.store.options) or None)
-        return int(table.version())
+    def _head(self) -> tuple[int, str]:
+        """The table's latest version and its id."""
+        table = _open(self.store)
+        return int(table.version()), str(table.metadata().id)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.until = self._latest()
+        self.until = self._head()[0]
 
     def getDefaultReadLimit(self) -> Any:
         # maxVersionsPerTrigger travels as the engine's file limit, counted in versions.
@@ -249,22 +351,55 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxFiles(self.limit)
         return ReadAllAvailable() if ReadAllAvailable is not None else None
 
-    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-        latest = self._latest() if self.until is None else self.until
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        latest, table_id = self._head()
+        if start is not None:
+            self._same_table(start, table_id)
+            if "snapshot" in start:  # a snapshot start's first batch: the snapshot, alone
+                return {"version": int(start["snapshot"]), "from": -1, "id": table_id}
+        if self.until is not None:
+            latest = self.until
         cap = self.limit if limit is None else getattr(limit, "max_files", None)
         if start is not None:
             # Never below where the stream stands (a startingVersion past the latest version).
             latest = max(latest, int(start["version"]))
-            if cap:
+            if cap is not None and int(cap) >= 1:
                 latest = min(latest, int(start["version"]) + int(cap))
+        out: dict[str, Any] = {"version": latest}
         if start is not None and "from" in start:  # (a query started before "from" lacks it)
-            return {"version": latest, "from": int(start["from"])}
-        return {"version": latest}
+            out["from"] = int(start["from"])
+        # (An offset of a checkpoint from before "id" was recorded lacks it: the id found now
+        # is recorded from here on.)
+        out["id"] = table_id
+        return out
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+    def _same_table(self, offset: Mapping[str, Any], table_id: str) -> None:
+        """Refuse to go on when ``offset`` was taken on another table than ``table_id``."""
+        recorded = offset.get("id")
+        if recorded is not None and str(recorded) != table_id:
+            raise InputError(
+                f"the Delta table at {self.store.root} is not the table this stream was reading: "
+                f"its id (metaData.id) is {table_id}, the stream's offsets name {recorded}. The "
+                "table was dropped and made again, or another table now lives at that path, so "
+                "its versions are not the ones the stream read. Start a new query (a new "
+                "checkpoint) to read it, or point this query back at the table it read"
+            )
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        table_id = end.get("id", start.get("id"))
+        if table_id is not None:
+            self._same_table(start, str(table_id))
+        if "snapshot" in start:
+            return self._snapshot(int(end["version"]), table_id)
+        first = int(start["version"]) + 1
+        if start == self.initialOffset() and "from" in end:
+            # A new query's first batch, run again after a restart: it covers what its recorded
+            # end says, even where the start resolves otherwise now (startingVersion 'latest').
+            first = int(end["from"]) + 1
+        self._check_resumed(start, first)
         out: list[InputPartition] = []
-        for version in range(int(start["version"]) + 1, int(end["version"]) + 1):
-            added, removed = self._data_changes(version)
+        for version in range(first, int(end["version"]) + 1):
+            added, removed = self._data_changes(version, table_id)
             # Rows cancel only within a partition: each partition that both adds and removes
             # files is one task; the others are read file by file.
             sides: dict[str, tuple[list[_File], list[_File]]] = {}
@@ -285,24 +420,72 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     out.extend(_WholeFile(version, f, -1) for f in removes)
         return out
 
-    def _data_changes(self, version: int) -> tuple[list[_File], list[_File]]:
+    def _check_resumed(self, start: Mapping[str, Any], first: int) -> None:
+        """Once per run, where a query goes on from its checkpoint: the table's schema at the
+        last version it read must be the stream's. (It is not where a checkpoint was written
+        by a run that read across a schema change, or where the options name another start.)"""
+        if self.resumed:
+            return
+        self.resumed = True
+        if first == 0 or ("from" in start and first - 1 <= int(start["from"])):
+            return  # a new query's first batch: it has read nothing yet
+        held = _schema_at(self.store, first - 1)  # (None: the log no longer says; go on)
+        if held is not None and held != self.table_schema:
+            raise InputError(
+                f"the schema of the Delta table at {self.store.root} at version {first - 1}, where "
+                "this query's checkpoint stands, is not the stream's schema (the table's at the "
+                "version the query starts at): a version the query read already changed it. Start "
+                f"a new query (a new checkpoint) with startingVersion={first} to read on"
+            )
+
+    def _snapshot(self, version: int, table_id: Any) -> list[InputPartition]:
+        """The table as of ``version``: one partition per file, every row an insert."""
+        table = _open(self.store, version)
+        if table_id is not None:
+            self._same_table({"id": table_id}, str(table.metadata().id))
+        if _schema_of(table) != self.table_schema:
+            raise InputError(
+                f"the schema of the Delta table at {self.store.root} at version {version} is not "
+                f"the stream's: {_NEW_QUERY}"
+            )
+        files = pa.table(table.get_add_actions(flatten=False)).to_pylist()
+        return [
+            _WholeFile(
+                version,
+                _File(
+                    f["path"],
+                    int(f["size_bytes"]),
+                    {k: partition_string(v) for k, v in (f.get("partition") or {}).items()},
+                    f.get("num_records"),
+                ),
+                +1,
+            )
+            for f in files
+        ]
+
+    def _data_changes(self, version: int, table_id: Any = None) -> tuple[list[_File], list[_File]]:
         """The files ``version`` adds and removes with a data change, in log order."""
         actions = log_actions(self.store, version)
         if actions is None:
             raise InputError(
                 f"Delta version {version} of {self.store.root} is no longer in the log (log "
-                "retention passed it): the stream cannot continue from there; start a new query "
-                "with a later startingVersion"
+                f"retention passed it): the stream cannot continue from there; {_NEW_QUERY}"
             )
         added: list[_File] = []
         removed: list[_File] = []
         for action in actions:
             meta = action.get("metaData")
+            if meta and table_id is not None and meta.get("id") not in (None, table_id):
+                self._same_table({"id": table_id}, str(meta["id"]))
             if meta and StructType.fromJson(json.loads(meta["schemaString"])) != self.table_schema:
+                # Every version the stream reads is read under the schema it started with:
+                # stopping here keeps that its own schema.
                 raise InputError(
                     f"Delta version {version} of {self.store.root} changes the table's schema: the "
-                    "stream keeps the schema it started with; start a new query (a new checkpoint) "
-                    "from this version to read the new one"
+                    "stream reads the schema the table had where the query started and stops at "
+                    "a version that changes it. To read on, start a new query (a new checkpoint) "
+                    f"with startingVersion={version} (or startingSnapshot={version}: the table as "
+                    "of that version, then its changes)"
                 )
             if _refused_features(action):
                 # A table that turns on deletion vectors or column mapping mid-stream: its files
@@ -343,8 +526,7 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except FileNotFoundError:
             raise InputError(
                 f"file {file.path}, which Delta version {version} of {self.store.root} adds or "
-                "removes, no longer exists (vacuumed): the stream cannot be read from there; "
-                "start a new query with a later startingVersion"
+                f"removes, no longer exists (vacuumed): the stream cannot be read from there; {_NEW_QUERY}"
             ) from None
 
     def _out(self, rows: pa.Table, version: int, diff: int) -> Iterator[pa.RecordBatch]:
