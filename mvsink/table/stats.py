@@ -1,10 +1,22 @@
-"""Delta file statistics from Parquet footers (pyarrow only, no data read).
+"""Delta file statistics from Parquet footers (pyarrow only; the data only to find NaN).
 
-Delta readers skip files by these, so a wrong bound loses rows silently; when in doubt a
-column is left out. Kept: numRecords; nullCount of top-level and struct-nested primitives;
-min/max of integers, decimals (exact JSON numbers), dates, timestamps (milliseconds, max rounded
-up) and strings of at most 32 characters. Left out: floats (NaN ordering), binary, boolean and
-anything inside lists or maps. The JSON never contains NaN (``allow_nan=False``).
+Delta readers skip files by these, so a wrong bound loses rows silently. A missing bound is
+not safe either: delta-rs's PyArrow dataset turns a column without bounds into ``col >= null``
+and drops the file from every filtered read on that column. So bounds are written for every
+type Delta's writers bound, as they write them:
+
+* integers, booleans; decimals as exact JSON numbers;
+* floats and doubles when the file holds no NaN (Spark orders NaN above every number, the
+  Parquet footer ignores it: no bound is right then); a zero bound widened to -0.0 below and
+  0.0 above; infinities as the strings ``"Infinity"``/``"-Infinity"``, as Spark writes them;
+* dates, and timestamps in milliseconds (the max rounded up; ``Z`` for ``timestamp``);
+* strings: at most 32 characters; a longer min is cut to its first 32, a longer max cut and
+  its last character bumped, so it still bounds every value with that prefix;
+* the primitive leaves of structs likewise; nothing inside lists or maps; no bounds of binary
+  (Delta's writers write none, and no reader prunes by them).
+
+A value no bound can hold (a date past 9999-12-31, a timestamp past its last millisecond)
+leaves that column's bounds out of the file: a statistic never fails an epoch.
 """
 
 from __future__ import annotations
@@ -12,12 +24,15 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import math
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 _MAX_STRING = 32
+_LAST_CHAR = 0x10FFFF
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
@@ -55,34 +70,61 @@ def _ms(micros: int, unit: str, up: bool) -> tuple[int, int]:
 
 
 def _bound(raw: Any, t: pa.DataType, up: bool) -> Any:
-    """A JSON-ready bound, or None to leave the column out."""
+    """A JSON-ready bound (``up``: a max), or None to leave the column out."""
+    try:
+        return _bound_of(raw, t, up)
+    except (OverflowError, ValueError):
+        return None  # past what a bound can hold: no bound is better than a wrong one
+
+
+def _bound_of(raw: Any, t: pa.DataType, up: bool) -> Any:
+    if pa.types.is_boolean(t):
+        return bool(raw)
     if pa.types.is_integer(t):
         return int(raw)
+    if pa.types.is_floating(t):
+        value = float(raw)
+        if value == 0.0:
+            return 0.0 if up else -0.0
+        if math.isinf(value):
+            return _Exact(value, '"Infinity"' if value > 0 else '"-Infinity"')
+        return None if math.isnan(value) else value
     if pa.types.is_decimal(t):
-        value = raw if isinstance(raw, decimal.Decimal) else None
-        return None if value is None else _Exact(value)
+        exact = raw if isinstance(raw, decimal.Decimal) else None
+        return None if exact is None else _Exact(exact, format(exact, "f"))
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        return text if len(text) <= _MAX_STRING else None
+        return _max_prefix(text) if up else text[:_MAX_STRING]
     if pa.types.is_date32(t):
         return (_EPOCH.date() + dt.timedelta(days=int(raw))).isoformat()
     if pa.types.is_timestamp(t):
         ms, _ = _ms(int(raw), t.unit, up)
-        try:
-            stamp = (_EPOCH + dt.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
-        except OverflowError:
-            # The max of 9999-12-31 23:59:59.999999 rounds up past the last representable
-            # millisecond: no bound is better than a wrong one.
-            return None
+        stamp = (_EPOCH + dt.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
         return stamp + "Z" if t.tz is not None else stamp
     return None
 
 
-class _Exact:
-    """A decimal written as an exact JSON number."""
+def _max_prefix(text: str) -> str | None:
+    """The shortest string of at most 32 characters at or above every string that starts
+    with ``text``'s first 32 (``text`` itself when it is that short)."""
+    if len(text) <= _MAX_STRING:
+        return text
+    chars = list(text[:_MAX_STRING])
+    while chars:
+        code = ord(chars.pop()) + 1
+        if 0xD800 <= code <= 0xDFFF:  # surrogates are no characters: the next one is
+            code = 0xE000
+        if code <= _LAST_CHAR:
+            return "".join(chars) + chr(code)
+    return None  # every character is the last one: nothing bounds it within 32
 
-    def __init__(self, value: decimal.Decimal) -> None:
+
+class _Exact:
+    """A bound written as given JSON text (an exact decimal, an infinity), ordered by value."""
+
+    def __init__(self, value: decimal.Decimal | float, text: str) -> None:
         self.value = value
+        self.text = text
 
 
 def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -91,12 +133,15 @@ def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def metadata_stats(md: pq.FileMetaData) -> tuple[int, str]:
-    """``(num_records, stats_json)`` from a Parquet footer (e.g. one just written)."""
+def metadata_stats(md: pq.FileMetaData, data: pa.Table | None = None) -> tuple[int, str]:
+    """``(num_records, stats_json)`` from a Parquet footer (e.g. one just written) and the
+    rows written (to find NaN; without them no float column is bounded)."""
     leaves = _leaves(md.schema.to_arrow_schema())
+    bounded = {key for key, (parts, t) in leaves.items() if not _has_nan(data, parts, t)}
     nulls: dict[str, int | None] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
+    unwritten: set[str] = set()
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         for c in range(rg.num_columns):
@@ -115,13 +160,24 @@ def metadata_stats(md: pq.FileMetaData) -> tuple[int, str]:
                 # (bounds not written) makes the column's bounds unknown.
                 if not (st is not None and st.has_null_count and st.null_count == rg.num_rows):
                     mins[key] = maxs[key] = None
+                    unwritten.add(key)
                 continue
             lo, hi = _bound(_raw(st, "min", t), t, False), _bound(_raw(st, "max", t), t, True)
+            if key not in bounded:
+                lo = hi = None
             if lo is None or hi is None or mins.get(key, 0) is None:
                 mins[key] = maxs[key] = None
                 continue
             mins[key] = lo if key not in mins else _lesser(mins[key], lo)
             maxs[key] = hi if key not in maxs else _greater(maxs[key], hi)
+    for key in unwritten:
+        # Parquet writers leave out the bounds of long values (over 4 KiB in Arrow's): a
+        # string's come from the rows.
+        parts, t = leaves[key]
+        if data is not None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            low, high = pc.min_max(_leaf(data, parts)).values()
+            if low.is_valid and high.is_valid:
+                mins[key], maxs[key] = _bound(low.as_py(), t, False), _bound(high.as_py(), t, True)
     stats: dict[str, Any] = {"numRecords": md.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     for key, (parts, _) in leaves.items():
         if nulls.get(key) is not None:
@@ -130,6 +186,35 @@ def metadata_stats(md: pq.FileMetaData) -> tuple[int, str]:
             _put(stats["minValues"], parts, mins[key])
             _put(stats["maxValues"], parts, maxs[key])
     return md.num_rows, _dumps(stats)
+
+
+def footer_statistics(data: pa.Table) -> bool | list[str]:
+    """The columns whose Parquet footer statistics to write for ``data``: every one, but a
+    float leaf holding NaN. Parquet writers leave NaN out of a footer's bounds, and Spark's
+    Parquet reader skips row groups by them: ``x > 100`` would skip the group of a NaN, which
+    Spark orders above every number. (``pyarrow.parquet.ParquetWriter``'s
+    ``write_statistics``.)"""
+    nan = {key for key, (parts, t) in _leaves(data.schema).items() if _has_nan(data, parts, t)}
+    if not nan:
+        return True
+    empty = pa.BufferOutputStream()
+    pq.write_table(data.schema.empty_table(), empty, use_compliant_nested_type=True)
+    schema = pq.read_metadata(pa.BufferReader(empty.getvalue())).schema
+    return [path for path in (schema.column(i).path for i in range(len(schema))) if path not in nan]
+
+
+def _has_nan(data: pa.Table | None, parts: tuple[str, ...], t: pa.DataType) -> bool:
+    """Whether the leaf at ``parts`` may hold NaN (unknown without the rows: yes)."""
+    if not pa.types.is_floating(t):
+        return False
+    return data is None or bool(pc.any(pc.is_nan(_leaf(data, parts))).as_py())
+
+
+def _leaf(data: pa.Table, parts: tuple[str, ...]) -> Any:
+    column: Any = data.column(parts[0])
+    for name in parts[1:]:
+        column = pc.struct_field(column, name)
+    return column
 
 
 def _raw(st: Any, which: str, t: pa.DataType) -> Any:
@@ -152,16 +237,10 @@ def _greater(a: Any, b: Any) -> Any:
     return a if _key(a) >= _key(b) else b
 
 
-def _dumps(stats: dict[str, Any]) -> str:
-    exact: list[str] = []
-
-    def default(o: Any) -> Any:
-        if isinstance(o, _Exact):
-            exact.append(format(o.value, "f"))
-            return f"\x00{len(exact) - 1}\x00"
-        raise TypeError(type(o).__name__)
-
-    text = json.dumps(stats, default=default, allow_nan=False, separators=(",", ":"))
-    for i, number in enumerate(exact):
-        text = text.replace(f'"\\u0000{i}\\u0000"', number)
-    return text
+def _dumps(value: Any) -> str:
+    """Compact JSON of the statistics; ``_Exact`` bounds as their own text."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{_dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, _Exact):
+        return value.text
+    return json.dumps(value, allow_nan=False)

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
 from mvsink.table.delta import DataFile, NewFile, is_local, partition_string
 from mvsink.table.schema import field_id, is_mapped, physical_field, physical_name
-from mvsink.table.stats import metadata_stats
+from mvsink.table.stats import footer_statistics, metadata_stats
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +163,17 @@ class Store:
     def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
         sink = pa.BufferOutputStream()
         writer = pq.ParquetWriter(
-            sink, data.schema, compression=_COMPRESSION, use_compliant_nested_type=True, store_schema=False
+            sink,
+            data.schema,
+            compression=_COMPRESSION,
+            use_compliant_nested_type=True,
+            store_schema=False,
+            write_statistics=footer_statistics(data),
         )
         writer.write_table(data, row_group_size=1 << 20)
         writer.close()
         buf = sink.getvalue()
-        n, stats = metadata_stats(writer.writer.metadata)
+        n, stats = metadata_stats(writer.writer.metadata, data)
         self.put(path, buf)
         return NewFile(path, buf.size, n, stats, dict(values))
 

@@ -1,0 +1,186 @@
+"""Readers trust mvsink's statistics: a filtered read returns what a full read filtered does,
+on every type, through delta-rs's dataset (here), DuckDB and Spark's JVM Delta
+(``tests/interop/test_readers.py``). mvsink writes the statistics (``table/stats.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import glob
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from deltalake import DeltaTable
+
+from mvsink import MVSink
+from tests.helpers import target_table
+
+LONG = "n" * 40
+PLACEHOLDER = "\x000\x00"  # once taken for a decimal by the stats' JSON
+DAY0 = dt.date(2024, 1, 1)
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+SCHEMA = (
+    "k long, flag boolean, ratio double, half float, edge double, name string, short string, "
+    "bin binary, day date, stamp timestamp, amt decimal(10,2), ph string, "
+    "nested struct<x: double, label: string>"
+)
+
+
+def row(k: int) -> tuple[Any, ...]:
+    edge = {0: float("-inf"), 11: float("inf"), 6: -0.0, 7: 0.0}.get(k, k * 10.0)
+    return (
+        k,
+        k % 2 == 0,
+        k * 1.5 - 3,
+        k / 2,
+        edge,
+        LONG + chr(97 + k),
+        f"s{k:02d}",
+        bytes([k]),
+        DAY0 + dt.timedelta(days=k),
+        T0 + dt.timedelta(hours=k),
+        decimal.Decimal(k) + decimal.Decimal("0.25"),
+        PLACEHOLDER if k == 5 else f"p{k}",
+        (k * 1.0, LONG + chr(97 + k)),
+    )
+
+
+ROWS = [row(k) for k in range(12)]
+COLUMNS = [c.split()[0] for c in SCHEMA.split(", ")[:12]] + ["nested"]
+
+
+@dataclass(frozen=True)
+class Filter:
+    name: str
+    expression: ds.Expression
+    sql: str
+    keeps: Any  # the rows it keeps, by Python
+
+    def expected(self) -> set[int]:
+        return {r[0] for r in ROWS if self.keeps(dict(zip(COLUMNS, r, strict=True)))}
+
+
+def _field(*path: str) -> Any:
+    return ds.field(*path)
+
+
+FILTERS = [
+    Filter("boolean", _field("flag") == True, "flag = true", lambda r: r["flag"]),  # noqa: E712
+    Filter("double below", _field("ratio") < 5.0, "ratio < 5.0", lambda r: r["ratio"] < 5.0),
+    Filter("double above zero", _field("ratio") > 0.0, "ratio > 0.0", lambda r: r["ratio"] > 0),
+    Filter("float", _field("half") >= 2.5, "half >= 2.5", lambda r: r["half"] >= 2.5),
+    Filter("negative zero", _field("edge") == 0.0, "edge = 0.0", lambda r: r["edge"] == 0.0),
+    Filter("infinity", _field("edge") > 1e308, "edge > 1e308", lambda r: r["edge"] > 1e308),
+    Filter("-infinity", _field("edge") < -1e308, "edge < -1e308", lambda r: r["edge"] < -1e308),
+    Filter(
+        "long string", _field("name") == LONG + "c", f"name = '{LONG}c'", lambda r: r["name"] == LONG + "c"
+    ),
+    Filter(
+        "long string above",
+        _field("name") > LONG + "j",
+        f"name > '{LONG}j'",
+        lambda r: r["name"] > LONG + "j",
+    ),
+    Filter("short string", _field("short") == "s03", "short = 's03'", lambda r: r["short"] == "s03"),
+    Filter("binary", _field("bin") == bytes([4]), "bin = unhex('04')", lambda r: r["bin"] == bytes([4])),
+    Filter(
+        "date",
+        _field("day") >= DAY0 + dt.timedelta(days=7),
+        "day >= DATE '2024-01-08'",
+        lambda r: r["day"] >= DAY0 + dt.timedelta(days=7),
+    ),
+    Filter(
+        "timestamp",
+        _field("stamp") < T0 + dt.timedelta(hours=5),
+        "stamp < TIMESTAMP '2024-01-01 05:00:00'",
+        lambda r: r["stamp"] < T0 + dt.timedelta(hours=5),
+    ),
+    Filter(
+        "decimal",
+        _field("amt") == decimal.Decimal("3.25"),
+        "amt = 3.25",
+        lambda r: r["amt"] == decimal.Decimal("3.25"),
+    ),
+    Filter(
+        "placeholder string",
+        _field("ph") == PLACEHOLDER,
+        "ph = concat(chr(0), '0', chr(0))",
+        lambda r: r["ph"] == PLACEHOLDER,
+    ),
+    Filter("nested double", _field("nested", "x") > 8.0, "nested.x > 8.0", lambda r: r["nested"][0] > 8.0),
+    Filter(
+        "nested long string",
+        _field("nested", "label") == LONG + "b",
+        f"nested.label = '{LONG}b'",
+        lambda r: r["nested"][1] == LONG + "b",
+    ),
+]
+
+
+def make_view(spark: Any, target: str) -> str:
+    """The 12 rows, 3 to a file, clustered by ``k``: files hold distinct ranges of every column."""
+    desired = spark.createDataFrame(ROWS, SCHEMA)
+    report = MVSink(target, "typed", max_rows_per_file=3, cluster_by=["k"])(desired, 0)
+    assert report.outcome == "committed"
+    assert len(DeltaTable(target).file_uris()) == 4
+    return target
+
+
+@pytest.fixture(scope="module")
+def typed_view(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_view(spark, str(tmp_path_factory.mktemp("readers") / "view"))
+
+
+def file_stats(target: str) -> list[dict[str, Any]]:
+    """The ``stats`` of every add action in the log, as written."""
+    log = DeltaTable(target).get_add_actions(flatten=True).column("path").to_pylist()
+    found = []
+    for entry in sorted(glob.glob(os.path.join(target, "_delta_log", "*.json"))):
+        with open(entry, encoding="utf-8") as fh:
+            actions = [json.loads(line) for line in fh]
+        for action in actions:
+            if "add" in action and action["add"]["path"] in log:
+                found.append(json.loads(action["add"]["stats"]))
+    return found
+
+
+def test_every_file_has_bounds_for_every_column_delta_bounds(typed_view):
+    stats = file_stats(typed_view)
+    assert len(stats) == 4
+    for one in stats:
+        assert set(one["minValues"]) == set(COLUMNS) - {"bin"}, one
+        assert one["minValues"]["nested"].keys() == {"x", "label"}
+        assert all(len(one[b]["name"]) == 32 for b in ("minValues", "maxValues"))
+    assert {s["minValues"]["edge"] for s in stats} >= {"-Infinity"}
+    assert {s["maxValues"]["edge"] for s in stats} >= {"Infinity"}
+
+
+@pytest.mark.parametrize("case", FILTERS, ids=lambda f: f.name)
+def test_a_filtered_delta_rs_read_returns_what_a_full_read_filtered_does(typed_view, case):
+    target = typed_view
+    whole = target_table(target)
+    assert sorted(whole.column("k").to_pylist()) == list(range(12))
+    dataset = DeltaTable(target).to_pyarrow_dataset()
+    got = set(dataset.to_table(filter=case.expression).column("k").to_pylist())
+    assert got == case.expected() and got == set(whole.filter(case.expression).column("k").to_pylist())
+
+
+def test_a_date_no_bound_can_hold_commits_without_its_bound(spark, tmp_path, placement):
+    # Spark takes date_add(DATE'9999-12-31', 1); a Delta bound cannot say +10000-01-01.
+    target = str(tmp_path / "view")
+    sink = MVSink(target, "far", placement=placement)
+    for epoch, days in enumerate((1, 2)):
+        far = spark.sql(
+            f"SELECT id AS k, date_add(DATE'9999-12-30', CAST(id * {days} AS INT)) AS d FROM range(3)"
+        )
+        assert sink(far, epoch).outcome == "committed"
+    table = target_table(target)
+    assert sorted(table.column("d").cast("int32").to_pylist()) == [2932895, 2932897, 2932899]
+    stats = file_stats(target)
+    assert all("k" in one["minValues"] for one in stats)
+    assert any("d" not in one["minValues"] for one in stats)
+    assert all(one["maxValues"]["d"] <= "9999-12-31" for one in stats if "d" in one["maxValues"])
