@@ -135,7 +135,11 @@ class SinkOptions(_Frozen):
     since the last compaction (the table records its frontier); its own
     strict commit, which changes no row. None: never (run ``mvsink compact``)."""
     cluster_by: tuple[str, ...] = ()
-    """Columns to sort inserted rows by, so rows that change together share few files."""
+    """Columns to sort inserted rows by, so rows that change together share few files: columns
+    the view stores, of scalar types (not arrays, maps or structs; strings of the default
+    collation), sorted as Spark sorts them (ascending, nulls first) by Spark's tasks and on the
+    driver alike. Checked against the view at every epoch, before anything is written
+    (``ConfigError``)."""
     cache_desired: bool = True
     """Kept for old configs; no effect. Desired is evaluated once per epoch (complete mode
     caches it with its fingerprints; upsert mode caches the ranked batch; tasks write an

@@ -398,6 +398,7 @@ class _Epoch:
             delete_column=self.opts.delete_column,
             sequence_column=self.opts.sequence_column,
             partition_by=self.opts.partition_by or (),
+            cluster_by=self.opts.cluster_by,
             where=self.where,
         )
         try:

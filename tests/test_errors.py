@@ -158,6 +158,7 @@ def test_a_table_whose_app_transactions_expire_is_refused(spark, local_target, c
     "schema, rows, message",
     [
         ("id long, `bad name` string", [(1, "a")], "characters Delta refuses"),
+        ("id long, s struct<`bad name`:string>", [(1, ("a",))], "field name 's.bad name' has characters"),
         ("id long, ID string", [(1, "a")], "the same column"),
         ("id long, span interval day to second", None, "Delta cannot store"),
     ],
@@ -176,6 +177,27 @@ def test_desired_that_delta_cannot_store_is_refused(spark, target, schema, rows,
     with pytest.raises(InputError, match=message):
         unchanged_after(target, lambda: MVSink(target, "bad")(df, 1))
     assert_equal_to(target, people(spark, range(3)))
+
+
+@pytest.mark.parametrize(
+    ("schema", "rows", "field", "chars"),
+    [
+        ("id long, s struct<`a b`:string>", [(1, ("x",))], "s.a b", " "),
+        ("id long, l array<struct<ok:struct<`k=v`:int>>>", [(1, [((1,),)])], "l[].ok.k=v", "="),
+        ("id long, m map<string,struct<`x;y`:int>>", [(1, {"a": (1,)})], "m{value}.x;y", ";"),
+        ("id long, s struct<`(n)`:int>", [(1, (1,))], "s.(n)", "()"),
+    ],
+)
+def test_struct_field_names_delta_refuses_are_refused_before_any_table_exists(
+    spark, target, schema, rows, field, chars
+):
+    """Delta refuses these characters in nested field names as in column names."""
+    df = spark.createDataFrame(rows, schema)
+    with pytest.raises(InputError, match="characters Delta refuses") as info:
+        MVSink(target, "nested")(df, 0)
+    assert f"field name {field!r}" in info.value.message and repr(chars) in info.value.message
+    assert (info.value.view, info.value.epoch) == ("nested", 0)
+    assert not DeltaTable.is_deltatable(target)
 
 
 def test_a_null_typed_column_is_refused_before_any_table_exists(spark, target):

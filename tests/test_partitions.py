@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterator
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from mvsink import ConfigError, InputError, MVSink
 from mvsink.compat import to_arrow
+from tests.delta_session import DELTA_LINE
 from tests.helpers import (
     added,
     assert_equal_to,
     live_files,
+    log_entry,
     multiset,
     removed,
     spark_read_listed,
@@ -145,3 +151,71 @@ def test_partition_column_names_that_need_escaping(spark, target):
     assert DeltaTable(target).metadata().partition_columns == [name]
     assert_equal_to(target, desired)
     assert multiset(to_arrow(spark_read_listed(spark, target))) == multiset(to_arrow(desired))
+
+
+@contextlib.contextmanager
+def session_time_zone(spark: SparkSession, zone: str) -> Iterator[None]:
+    """The shared session in another time zone for the block (restored after)."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def test_timestamp_partition_values_name_their_zone_for_readers_outside_utc(spark, target, placement):
+    """A target another writer partitioned by a ``timestamp`` (and a ``timestamp_ntz``):
+    mvsink writes the ``timestamp`` values in UTC with ``Z``, which Spark resolves alike in
+    every session time zone (an offset-less one it resolves in the session's), the
+    ``timestamp_ntz`` ones as wall clocks; and reads back the other writer's offset-less
+    values and its own."""
+    utc = dt.UTC
+    foreign = pa.table(
+        {
+            "id": pa.array([1], pa.int64()),
+            "t": pa.array([dt.datetime(2021, 6, 1, 12, 30, tzinfo=utc)], pa.timestamp("us", tz="UTC")),
+            "n": pa.array([dt.datetime(2021, 6, 1, 12, 30)], pa.timestamp("us")),
+            "v": pa.array(["a"]),
+        }
+    )
+    write_deltalake(target, foreign, partition_by=["t", "n"])
+    rows = [
+        (1, dt.datetime(2021, 6, 1, 12, 30, tzinfo=utc), dt.datetime(2021, 6, 1, 12, 30), "a"),
+        (2, dt.datetime(2021, 6, 1, 23, 30, 0, 5, tzinfo=utc), dt.datetime(2021, 6, 1, 23, 30), "b"),
+        (3, dt.datetime(2021, 12, 31, 23, 59, 59, tzinfo=utc), dt.datetime(2021, 12, 31, 23, 59, 59), "c"),
+        (4, None, None, "d"),
+    ]
+    schema = "id long, t timestamp, n timestamp_ntz, v string"
+    epoch = dt.datetime(1970, 1, 1, tzinfo=utc)
+    micros = {r[0]: None if r[1] is None else (r[1] - epoch) // dt.timedelta(microseconds=1) for r in rows}
+    with session_time_zone(spark, "America/Los_Angeles"):
+        desired = spark.createDataFrame(rows, schema)
+        sink = MVSink(target, "stamps", placement=placement)
+        first = sink(desired, 0)
+        # The other writer's row was read at its instant: kept, not retracted and inserted again.
+        assert (first.inserted, first.retracted) == (3, 0)
+        assert_equal_to(target, desired)
+        values = [a["add"]["partitionValues"] for a in log_entry(target, first.version) if "add" in a]
+        assert values and all(v["t"] is None or v["t"].endswith("Z") for v in values)
+        assert all(v["n"] is None or not v["n"].endswith("Z") for v in values)
+        # Spark resolves each string as a reader does, in the session's zone: the rows' values.
+        raw = spark.createDataFrame([(v["t"], v["n"]) for v in values], "t string, n string")
+        seen = raw.select(
+            F.unix_micros(F.col("t").cast("timestamp")).alias("t"),
+            F.col("n").cast("timestamp_ntz").cast("string").alias("n"),
+        ).collect()
+        want = {(micros[r[0]], None if r[2] is None else str(r[2])) for r in rows[1:]}
+        assert {(s["t"], s["n"]) for s in seen} == want
+        if DELTA_LINE:  # Spark's own Delta reader, in this zone: the values, and the right partitions
+            table = spark.read.format("delta").load(target)
+            held = dict(table.select("id", F.unix_micros("t").alias("t")).collect())
+            assert {i: held[i] for i in (2, 3, 4)} == {i: micros[i] for i in (2, 3, 4)}
+            # (The other writer's offset-less value is the hazard itself: read 7 hours off.)
+            assert held[1] == micros[1] + 7 * 3600 * 10**6
+            for i, stamp in [(r[0], r[1]) for r in rows[1:] if r[1] is not None]:
+                picked = table.where(F.col("t") == F.lit(stamp)).select("id").collect()
+                assert [r["id"] for r in picked] == [i]
+        # mvsink reads its own values back: nothing changes.
+        again = sink(desired, 1)
+        assert (again.inserted, again.retracted, again.files_added) == (0, 0, 0)

@@ -5,11 +5,15 @@ Delta in the session (only the session's JVM Delta commits change files)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from deltalake import DeltaTable, Field, Schema
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from mvsink import InputError, MVSink, UnsupportedTableError
+from mvsink.table.write import Plan
 from tests.helpers import assert_equal_to, data_files_on_disk, multiset, target_table, versions
 
 SCHEMA = "id long, name string, amount double"
@@ -33,9 +37,9 @@ def unchanged(target: str, before: tuple[list[int], set[str]]) -> bool:
         ([(1, "a", 1.0), (2, "b", None)], "CHECK amount_pos"),  # as in Delta: null breaks a CHECK
     ],
 )
-def test_complete_mode_refuses_rows_that_break_the_targets_rules(spark, target, rows, rule):
+def test_complete_mode_refuses_rows_that_break_the_targets_rules(spark, target, placement, rows, rule):
     strict_table(target)
-    sink = MVSink(target, "strict")
+    sink = MVSink(target, "strict", placement=placement)
     good = spark.createDataFrame([(1, "a", 1.0), (2, "b", 0.0)], SCHEMA)
     sink(good, 0)
     before = (versions(target), data_files_on_disk(target))
@@ -44,6 +48,9 @@ def test_complete_mode_refuses_rows_that_break_the_targets_rules(spark, target, 
     assert err.value.epoch == 1 and err.value.view == "strict"
     assert unchanged(target, before)
     assert_equal_to(target, good)
+    better = spark.createDataFrame([(1, "a", 1.0), (3, "c", 3.0)], SCHEMA)  # inserted by either path
+    assert sink(better, 1).inserted == 1
+    assert_equal_to(target, better)
 
 
 def test_upsert_and_append_modes_enforce_the_rules_too(spark, target, tmp_path):
@@ -103,3 +110,51 @@ def test_tables_whose_values_or_change_data_the_sink_cannot_write_are_refused(
         MVSink(target, "refused")(spark.createDataFrame([(1, 2)], "id long, x long"), 0)
     assert err.value.view == "refused"
     assert unchanged(target, before)
+
+
+@pytest.mark.parametrize("path", ["initial load", "whole rewrite", "append"])
+def test_rows_written_keep_the_rules_when_spark_evaluates_desired_again(
+    spark, local_target, tmp_path, monkeypatch, path
+):
+    """A nondeterministic desired, checked on its cached rows, then its cache blocks lost
+    before the write (Spark computes them again, and they break a rule now): the rows the
+    tasks write are checked again, and nothing is committed."""
+    import mvsink.plan.complete
+    import mvsink.sink
+
+    flip = str(tmp_path / "flip")
+
+    def amount(i: int) -> float:  # the query's answer changes between evaluations
+        return -1.0 if os.path.exists(flip) else float(i)
+
+    shaky = F.udf(amount, "double").asNondeterministic()
+
+    def view(changed: bool) -> DataFrame:
+        # Changed: one row in each file of 5, so writing desired whole is cheaper than a correction.
+        name = F.when(F.lit(changed) & (F.col("id") % 5 == 2), "b").otherwise("a")
+        return spark.range(40).select("id", name.alias("name"), shaky("id").alias("amount"))
+
+    strict_table(local_target)
+    mode = "append" if path == "append" else "complete"
+    sink = MVSink(local_target, "shaky", mode=mode, max_rows_per_file=5, placement="driver")
+    if path != "initial load":
+        sink(view(False), 0)
+    monkeypatch.setattr(mvsink.plan.complete, "WHOLE_MIN_BYTES", 0)  # the table here is small
+    stage, plans = mvsink.sink.stage, []
+
+    def evaluated_again(plan: Plan, *args: object, **kwargs: object) -> object:
+        plans.append(plan)
+        open(flip, "w").close()
+        spark.catalog.clearCache()  # the cached batch's blocks are gone: Spark computes them again
+        return stage(plan, *args, **kwargs)
+
+    monkeypatch.setattr(mvsink.sink, "stage", evaluated_again)
+    before = (versions(local_target), data_files_on_disk(local_target))
+    with pytest.raises(InputError, match="break the rule CHECK amount_pos") as err:
+        sink(view(True), 0 if path == "initial load" else 1)
+    assert "evaluated desired again" in str(err.value)
+    assert err.value.view == "shaky" and err.value.epoch == (0 if path == "initial load" else 1)
+    assert unchanged(local_target, before)
+    if path == "whole rewrite":  # the plan replaced every file with desired
+        assert plans[0].inserted == 40 and len(plans[0].rewrites) == 8
+    assert all(r["amount"] >= 0 for r in target_table(local_target).to_pylist())

@@ -2,7 +2,9 @@
 
 Nothing is read or compared: Spark tasks write the batch as is (``write.write_frame``), and
 the commit's frontier makes a replayed epoch write nothing. When the target has rules (NOT
-NULL, CHECK), the batch is cached first, so the rows checked are the rows written.
+NULL, CHECK), the batch is cached first, so the rows checked are the rows written; the write
+tasks check the rows they write again (``rules.checked``), should Spark compute a lost cache
+block again.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pyspark.sql import functions as F
 
 from mvsink.compat import release
 from mvsink.plan.context import EpochContext
-from mvsink.plan.rules import rules_for
+from mvsink.plan.rules import checked, rules_for
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import quote
 from mvsink.table.write import Layout, Plan, Staged
@@ -32,7 +34,7 @@ class Append:
         if rules and self.cached is None:
             self.cached = rows = self.ctx.batch.persist(StorageLevel.MEMORY_AND_DISK)
         self.ctx.enforce(rows, rules)
-        return Plan(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), None)
+        return Plan(checked(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), rules), None)
 
     def committed(self, staged: Staged) -> None:
         pass

@@ -44,7 +44,7 @@ from mvsink.compat import from_arrow, release
 from mvsink.plan.context import EpochContext, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
-from mvsink.plan.rules import RULE, Rules, raise_broken, rules_for
+from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote, spark_lanes
 from mvsink.table.index import PersistedIndex, StoredIndex
@@ -104,7 +104,7 @@ class Complete:
             corr = diff(self.fps, self.index.persisted(snap.files))
             drops = corr.retracted_positions()
         if self._whole_is_cheaper(snap, corr, drops):
-            return self._whole(snap, corr, drops)
+            return self._whole(snap, corr, drops, rules)
         rewrites = self._rewrites(snap, drops)
         if not corr.inserted:
             return Plan(None, 0, rewrites, index=self.stored)
@@ -141,7 +141,9 @@ class Complete:
         # With rules, the rows checked must be the rows written: one evaluation, cached.
         desired = with_fingerprints(self._batch() if rules else ctx.batch, layout)
         ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
-        return Plan(desired, None, index=self.stored)
+        # ... and the write tasks check each row they write again: a cache block lost since is
+        # computed again, which for a nondeterministic query gives other rows.
+        return Plan(checked(desired, rules), None, index=self.stored)
 
     def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
         ctx = self.ctx
@@ -160,7 +162,7 @@ class Complete:
             raise
         ctx.batch_ran = True  # the diff ran every partition of desired
         return Plan(
-            corr.inserts if corr.inserted else None,
+            checked(corr.inserts, rules) if corr.inserted else None,
             corr.inserted,
             corr.rewrites if corr.retracted else (),
             index=self.stored,
@@ -299,8 +301,10 @@ class Complete:
         kept = sum(held[k] - len(drops[k]) for k in partial)
         return read + (kept + corr.inserted) * per_row > whole
 
-    def _whole(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> Plan:
-        """Every file replaced by desired, written by Spark tasks from the cache."""
+    def _whole(self, snap: Snapshot, corr: Correction, drops: dict[int, I64], rules: Rules) -> Plan:
+        """Every file replaced by desired, written by Spark tasks from the cache. The rules were
+        checked on the cache's rows when their fingerprints were collected; the tasks check
+        the rows they write again (``rules.checked``): a recomputed cache block may differ."""
         ctx = self.ctx
         assert self.hashed is not None
         ctx.whole = True
@@ -314,7 +318,7 @@ class Complete:
         held = [len(self.index.entry(f.identity)) for f in snap.files]
         everything = {k: np.arange(n, dtype=np.int64) for k, n in enumerate(held)}
         tasks = max(1, -(-corr.desired_rows // ctx.opts.max_rows_per_file))
-        desired = self.hashed[1].repartition(tasks)  # about a file's worth of rows per task
+        desired = checked(self.hashed[1], rules).repartition(tasks)  # about a file's worth of rows per task
         return Plan(desired, corr.desired_rows, self._rewrites(snap, everything), index=self.stored)
 
     def _rewrites(self, snap: Snapshot, drops: dict[int, I64]) -> tuple[Rewrite, ...]:

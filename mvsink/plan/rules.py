@@ -27,12 +27,11 @@ from pyspark.sql import functions as F
 from mvsink.errors import InputError, UnsupportedTableError, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import quote
+from mvsink.table.write import RULE as RULE  # re-exported: the rule column is made here
 
 if TYPE_CHECKING:
     from mvsink.config import SinkOptions
 
-RULE = "__mvsink_rule"
-"""Column naming the first rule a row breaks (null: none)."""
 _CHECK_PREFIX = "delta.constraints."
 
 
@@ -136,6 +135,14 @@ def check_rows(rows: DataFrame, rules: Rules, where: Where) -> None:
     found = rows.select(rules.broken()).where(F.col(RULE).isNotNull()).limit(1).collect()
     if found:
         raise_broken(rows, rules, found[0][RULE], where)
+
+
+def checked(rows: DataFrame, rules: Rules) -> DataFrame:
+    """``rows``, to be written by Spark tasks (``write.write_frame``), with the rule each
+    breaks (``RULE``): the tasks refuse a row that breaks one, so what is written keeps the
+    rules even when Spark evaluates desired again after it was checked (a cache block lost,
+    a nondeterministic query). ``rows`` as they are without rules."""
+    return rows.select("*", rules.broken()) if rules else rows
 
 
 def raise_broken(rows: DataFrame, rules: Rules, rule: str, where: Where) -> None:

@@ -51,7 +51,7 @@ from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
 from mvsink.plan.prune import candidate_files, files_in_ranges
-from mvsink.plan.rules import rules_for
+from mvsink.plan.rules import checked, rules_for
 from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
@@ -241,7 +241,7 @@ class Upsert:
         if not snap.files and self.touched is None and (marks is None or not marks.held):
             # A first epoch (or one on an emptied target that remembers no delete): the
             # winners, written by Spark tasks; the deletes among them, the first tombstones.
-            plan = Plan(stored_rows(self.ranked, schema), None)
+            plan = Plan(checked(stored_rows(self.ranked, schema), rules), None)
             if marks is None:
                 return plan
             with ctx.phase("tombstones"):

@@ -403,16 +403,24 @@ def change_feed(configuration: Mapping[str, str | None]) -> bool:
 
 
 def partition_string(value: Any) -> str | None:
-    """A typed partition value as the Delta log stores it (timestamps in UTC, as
-    ``yyyy-mm-dd hh:mm:ss.ffffff``; decimals exact)."""
+    """A typed partition value as the Delta log stores it: a ``timestamp`` (an aware
+    datetime) in UTC with its zone, ``yyyy-mm-ddThh:mm:ss.ffffffZ``; a ``timestamp_ntz`` (a
+    naive one) as its wall clock, ``yyyy-mm-dd hh:mm:ss.ffffff``; decimals exact.
+
+    A ``timestamp`` value without an offset is one that Spark's Delta resolves in the reading
+    session's time zone (delta-io/delta#3398): a reader outside UTC would see it shifted and
+    prune the wrong partitions. The ``Z`` form is the one the protocol recommends and Delta
+    and delta-kernel write. mvsink wrote the offset-less form (in UTC) before; readers of the
+    log (``storage.partition_array``, delta-rs) take both."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
-        return str(value.isoformat(sep=" ", timespec="microseconds"))
+        if value.tzinfo is None:
+            return str(value.isoformat(sep=" ", timespec="microseconds"))
+        utc = value.astimezone(datetime.UTC).replace(tzinfo=None)
+        return f"{utc.isoformat(sep='T', timespec='microseconds')}Z"
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 )
 
 from mvsink.compat import to_arrow_schema
-from mvsink.errors import InputError, SchemaMismatchError, Where
+from mvsink.errors import ConfigError, InputError, SchemaMismatchError, Where
 
 _PRIMITIVES = (
     BinaryType,
@@ -66,6 +66,23 @@ def _unsupported(t: DataType, path: str) -> list[str]:
     return [f"{path.lstrip('.')} ({t.simpleString()})"]
 
 
+def _field_names(t: DataType, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+    """Every struct field's path and name in ``t``, top-level columns first, through arrays
+    and maps (Delta checks nested names as it checks columns)."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    if isinstance(t, StructType):
+        out += [((*path, f.name), f.name) for f in t.fields]
+        for f in t.fields:
+            out += _field_names(f.dataType, (*path, f.name))
+    elif isinstance(t, ArrayType):
+        out += _field_names(t.elementType, (*path[:-1], f"{path[-1]}[]") if path else path)
+    elif isinstance(t, MapType):
+        key = (*path[:-1], f"{path[-1]}{{key}}") if path else path
+        value = (*path[:-1], f"{path[-1]}{{value}}") if path else path
+        out += _field_names(t.keyType, key) + _field_names(t.valueType, value)
+    return out
+
+
 def check_supported(schema: StructType, where: Where) -> None:
     """Raise ``InputError`` if desired cannot be stored as a Delta table mvsink keeps."""
     if not schema.fields:
@@ -79,11 +96,13 @@ def check_supported(schema: StructType, where: Where) -> None:
                 where,
             )
         lowered[name.lower()] = name
+    for path, name in _field_names(schema, ()):
         bad = sorted(set(name) & _BAD_NAME_CHARS)
         if not name or bad:
+            what = f"column name {name!r}" if len(path) == 1 else f"field name {'.'.join(path)!r}"
+            fix = "alias the column" if len(path) == 1 else "rename the field (cast to a struct type)"
             raise InputError(
-                f"column name {name!r} has characters Delta refuses without column mapping "
-                f"({''.join(bad)!r}); alias the column",
+                f"{what} has characters Delta refuses without column mapping ({''.join(bad)!r}); {fix}",
                 where,
             )
     bad_types = _unsupported(schema, "")
@@ -148,6 +167,9 @@ def _show(t: Any) -> str:
     return t if isinstance(t, str) else json.dumps(t, separators=(",", ":"))
 
 
+CLUSTER_TYPES = _PRIMITIVES
+"""Types ``cluster_by`` sorts by: Spark's order for them is Arrow's (``write.clustered``);
+Arrow sorts no nested type, and Spark orders strings of another collation by it."""
 _PARTITION_TYPES = (StringType, ByteType, ShortType, IntegerType, LongType, DateType, BooleanType)
 _SEQUENCE_TYPES = (
     ByteType,
@@ -186,9 +208,12 @@ def check_roles(
     delete_column: str | None,
     sequence_column: str | None,
     partition_by: tuple[str, ...],
+    cluster_by: tuple[str, ...] = (),
     where: Where,
 ) -> None:
-    """Raise ``InputError`` unless the named key, marker and partition columns fit desired."""
+    """Raise ``InputError`` unless the named key, marker and partition columns fit desired,
+    and ``ConfigError`` unless each ``cluster_by`` column is one the view stores and rows sort
+    by alike in Spark's tasks and on the driver (``CLUSTER_TYPES``)."""
     for name in key:
         t = _field(desired, name, "key", where)
         if not isinstance(t, _PRIMITIVES) or isinstance(t, FloatType | DoubleType):
@@ -216,6 +241,23 @@ def check_roles(
             )
     if partition_by and len(partition_by) >= len(stored.fields):
         raise InputError("every column is a partition column; keep at least one data column", where)
+    for name in cluster_by:
+        if name not in stored.names:
+            raise ConfigError(
+                f"option 'cluster_by' names {name!r}, which the view does not store "
+                f"(columns: {', '.join(stored.names)})",
+                where,
+            )
+        t = stored[name].dataType
+        collation = getattr(t, "collation", "UTF8_BINARY") if isinstance(t, StringType) else "UTF8_BINARY"
+        if not isinstance(t, CLUSTER_TYPES) or collation != "UTF8_BINARY":
+            raise ConfigError(
+                f"option 'cluster_by': column {name!r} is {t.simpleString()}, which rows are not "
+                "sorted by alike in Spark's tasks and on the driver; cluster by scalar columns "
+                "(numbers, strings of the default collation, binary, booleans, dates, timestamps), "
+                "e.g. one derived from it in the query",
+                where,
+            )
 
 
 def _check_binary_collation(t: DataType, what: str, where: Where) -> None:

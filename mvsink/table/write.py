@@ -43,6 +43,10 @@ from mvsink.table.index import FileEntry, StoredIndex
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store, Written
 
+RULE = "__mvsink_rule"
+"""A column of a frame ``write_frame`` writes: the first rule its row breaks, or null
+(``plan/rules.py`` makes it). A task that holds a row breaking one fails the attempt instead
+of writing it, so the rows written are rows checked, whatever Spark evaluates again."""
 CHANGE_DIR = "_change_data"
 """The staged change files' folder inside an attempt's folder (Delta's own name for them)."""
 CHANGE_TYPE = "_change_type"
@@ -387,10 +391,17 @@ def clustered(
     rows: pa.Table, fps: tuple[I64, I64] | None, cluster_by: Sequence[str]
 ) -> tuple[pa.Table, tuple[I64, I64] | None]:
     """Rows (and their fingerprints) sorted by ``cluster_by``, so rows that change together
-    share few files."""
+    share few files. In Spark's order, as tasks sort (``write_frame``): ascending, nulls
+    first, NaN above every number (``schema.CLUSTER_TYPES`` are the columns it sorts by)."""
     if not cluster_by or rows.num_rows < 2:
         return rows, fps
-    order = pa.compute.sort_indices(rows, [(c, "ascending") for c in cluster_by]).to_numpy()
+    keys: dict[str, pa.ChunkedArray | pa.Array] = {}
+    for i, c in enumerate(cluster_by):
+        column = rows.column(c)
+        # Arrow puts nulls last (after NaN); a key "is valid" before the value puts them first.
+        keys[f"valid{i}"] = pa.compute.is_valid(column)
+        keys[f"value{i}"] = column
+    order = pa.compute.sort_indices(pa.table(keys), [(k, "ascending") for k in keys]).to_numpy()
     return rows.take(order), None if fps is None else (fps[0][order], fps[1][order])
 
 
@@ -610,13 +621,14 @@ def write_frame(
     columns where it has them, else hashed), and under ``changes`` their change file, and
     returns one row per file."""
     carried = index is not None and {FP_A, FP_B} <= set(frame.columns)
-    names = (*layout.struct.names, *((FP_A, FP_B) if carried else ()))
+    ruled = RULE in frame.columns
+    names = (*layout.struct.names, *((FP_A, FP_B) if carried else ()), *((RULE,) if ruled else ()))
     rows = frame.select(*[F.col(quote(c)) for c in names])
     order = [F.col(quote(c)) for c in (*layout.partition_by, *cluster_by)]
     if order:
         rows = rows.sortWithinPartitions(*order)
     task = _TaskWriter(
-        store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes, carried
+        store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes, carried, ruled
     )
     try:
         table = to_arrow(rows.mapInArrow(task, _FILES))
@@ -680,6 +692,8 @@ class _TaskWriter:
     changes: str | None = None
     carried: bool = False
     """The rows come with their fingerprints (``FP_A``, ``FP_B``, computed by Spark)."""
+    ruled: bool = False
+    """The rows come with the rule each breaks (``RULE``): one that breaks any is not written."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         buffer: list[pa.RecordBatch] = []
@@ -698,6 +712,9 @@ class _TaskWriter:
         with in_task(f"writing under {self.folder}"):
             failpoints.hit("write_task")
             rows = pa.Table.from_batches(buffer)
+            if self.ruled:
+                _refuse_broken(rows.column(RULE))
+                rows = rows.drop_columns([RULE])
             fps = None
             if self.carried:
                 fps = (rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy())
@@ -715,6 +732,18 @@ class _TaskWriter:
                     self.changes, inserted, self.partition_by, self.max_rows_per_file, schema=self.schema
                 )
         return _report(written)
+
+
+def _refuse_broken(rules: pa.ChunkedArray) -> None:
+    """Raise ``InputError`` if a row about to be written breaks a rule (``RULE``)."""
+    broken = rules.drop_null()
+    if len(broken):
+        raise InputError(
+            f"rows about to be written break the rule {broken[0].as_py()}, though the rows checked "
+            "kept it: Spark evaluated desired again to write it and got other rows (a "
+            "nondeterministic query: rand(), current_timestamp(), a changing source). Fix or "
+            "filter them in the query, or set on_error='table'. Nothing was committed."
+        )
 
 
 def rewrite_frame(
