@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 
 from mvsink import MVSink, frontier
 from mvsink.cli.main import main
-from mvsink.errors import Where
+from mvsink.errors import ConfigError, Where
 from mvsink.ops.compact import compact
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
@@ -98,3 +98,14 @@ def test_compact_cli(spark, local_target, capsys):
     assert "--name" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["compact", local_target, "--name", "v", "--max-rows-per-file", "many"])
+
+
+def test_compact_refuses_a_cluster_by_column_it_cannot_sort_by(spark, local_target):
+    sink = MVSink(local_target, "v", max_rows_per_file=1)
+    df = spark.sql("SELECT id, array(id) AS tags FROM range(4)")
+    sink(df, 0)
+    before = versions(local_target)
+    for column, reason in (("tags", "array<bigint>"), ("nope", "does not store")):
+        with pytest.raises(ConfigError, match=reason):
+            compact(local_target, "v", cluster_by=[column])
+    assert versions(local_target) == before

@@ -34,7 +34,7 @@ from mvsink.table.catalog import locate
 from mvsink.table.delta import DataFile, Snapshot, compare_and_append, load_snapshot
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex
-from mvsink.table.schema import target_struct
+from mvsink.table.schema import check_cluster_by, target_struct
 from mvsink.table.storage import Store, Written
 from mvsink.table.write import Layout, clustered
 
@@ -95,6 +95,7 @@ def compact(
             )
         if snap.frontier is None:
             raise ConfigError(f"the table at {target} holds no view {name!r} (nothing it committed)", where)
+        check_cluster_by(target_struct(snap.schema_json), cluster_by, where)
         groups = _small_groups(snap, small, max_rows)
         if not groups:
             return Compaction(target, name, None, 0, 0, 0, attempt)

@@ -9,6 +9,7 @@ types up to nullability; column order may differ (rows are selected in the targe
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -241,6 +242,12 @@ def check_roles(
             )
     if partition_by and len(partition_by) >= len(stored.fields):
         raise InputError("every column is a partition column; keep at least one data column", where)
+    check_cluster_by(stored, cluster_by, where)
+
+
+def check_cluster_by(stored: StructType, cluster_by: Sequence[str], where: Where) -> None:
+    """``ConfigError`` unless each ``cluster_by`` column is one the view stores and rows sort by
+    alike in Spark's tasks and on the driver (``CLUSTER_TYPES``)."""
     for name in cluster_by:
         if name not in stored.names:
             raise ConfigError(
