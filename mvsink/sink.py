@@ -62,7 +62,7 @@ from mvsink.epoch.clock import transactions as clock_transactions
 from mvsink.epoch.decide import Clocked, Skip, decide
 from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.epoch.mint import BatchDescription
-from mvsink.epoch.query import output_mode_refusal, running_query
+from mvsink.epoch.query import check_output_mode, running_query
 from mvsink.epoch.workers import check_workers
 from mvsink.errors import (
     CommitOutcomeUnknownError,
@@ -84,7 +84,7 @@ from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
 from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
-from mvsink.table.catalog import is_path, locate
+from mvsink.table.catalog import CatalogUnavailable, is_path, locate
 from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
 from mvsink.table.index import PersistedIndex
@@ -130,6 +130,7 @@ class MVSink:
         self.options = SinkOptions.build(target=target, name=name, **options)
         self._read_only = self.options.read_only
         self._named: str | None = None  # the table name the target was given as, once resolved
+        self._located_for: str | None = None  # the query run the name was last looked up for
         self._runtime()
 
     def _runtime(self) -> None:
@@ -184,22 +185,34 @@ class MVSink:
         """The table's location (once a table name was resolved, its location)."""
         return self.options.target
 
-    def _locate(self, spark: Any) -> None:
+    def _locate(self, spark: Any, run: str | None = None) -> None:
         """Resolve a target given as a table name to the Delta table's location, through
-        ``spark``'s catalog (``catalog.py``), at every epoch: the options then hold the
-        location. A table moved since the last epoch (``ALTER TABLE ... SET LOCATION``) is
-        followed, with a WARNING: the catalog is the truth, and the caches of the old folder's
-        files (index, tombstones) go, and the new store is probed."""
+        ``spark``'s catalog (``catalog.py``): the options then hold the location. Looked up at
+        the first epoch of each run of a query (``run``, the query's id), at every direct call
+        and operation (``run`` None), and again after an epoch found no table there: not at
+        every epoch, where Delta's ``DESCRIBE DETAIL`` costs a listing of the table. A table
+        moved (``ALTER TABLE ... SET LOCATION``) is followed from then, with a WARNING: the
+        catalog is the truth; the caches of the old folder's files (index, tombstones) go,
+        and the new store is probed. A catalog that cannot answer keeps the location found
+        before, with a WARNING, instead of stopping the query."""
         name = self._named or self.options.target
-        if is_path(name):
+        if is_path(name) or (run is not None and run == self._located_for):
             return
-        location = locate(name, Where(self.name, name), spark)
+        where = Where(self.name, name)
+        try:
+            location = locate(name, where, spark)
+        except CatalogUnavailable as exc:
+            if self._named is None:
+                raise
+            log.warning("%s: %s; writing %s, where the table was", where, exc, self.options.target)
+            return
+        self._located_for = run
         if self._named is not None and location == self.options.target:
             return
         if self._named is not None:
             log.warning(
                 "%s: table %s moved from %s to %s: writing the new location",
-                Where(self.name, name),
+                where,
                 name,
                 self.options.target,
                 location,
@@ -207,7 +220,7 @@ class MVSink:
             self._index, self._tombstones, self._probed = PersistedIndex(), Tombstones(), False
         self._named = name
         self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
-        log.info("%s: table %s is at %s", Where(self.name, name), name, location)
+        log.info("%s: table %s is at %s", where, name, location)
 
     def _locate_now(self) -> None:
         """``_locate`` outside an epoch: through the active Spark session."""
@@ -333,7 +346,9 @@ class MVSink:
         if isinstance(epoch_id, bool) or not isinstance(epoch_id, int) or epoch_id < 0:
             raise InputError(f"the epoch must be a non-negative int, got {epoch_id!r}", where)
         with self._lock:
-            self._locate(batch_df.sparkSession)  # a table name: looked up at every epoch
+            named = bool(self.options.lineage or self.options.checkpoint)
+            query = running_query(batch_df, named, where)
+            self._locate(batch_df.sparkSession, query.run if query else None)
             if not self._probed:
                 where = Where(self.name, self.target, epoch_id)
                 self.store.probe(where)
@@ -366,10 +381,7 @@ class _Epoch:
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, self.opts.delete_column)
         query = running_query(desired, bool(self.opts.lineage or self.opts.checkpoint), self.where)
-        if query is not None and query.output_mode is not None:
-            refusal = output_mode_refusal(self.opts.mode, query.output_mode)
-            if refusal is not None:
-                raise ConfigError(refusal, self.where)
+        check_output_mode(desired, self.opts.mode, query, self.where)
         self.lineage = sink._lineage(lineage_of(desired, query.id if query else None, self.opts, self.where))
         self.time = epoch_time(desired, epoch, self.opts, self.where)
         self.before = sink._clock_seen.get((self.lineage, epoch - 1))
@@ -429,6 +441,7 @@ class _Epoch:
                 )
             failpoints.hit("after_snapshot")
             if not snap.exists and self.sink._named:
+                self.sink._located_for = None  # the next epoch looks the name up again
                 raise ConfigError(
                     f"the table {self.sink._named} was at {opts.target} when this epoch looked it "
                     "up, and that folder holds no Delta table any more (dropped, or moved since?): "

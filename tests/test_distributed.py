@@ -68,7 +68,7 @@ def held(target: str) -> tuple[np.ndarray, np.ndarray]:
 
 def index_entries(target: str, name: str) -> set[str]:
     """The entries in storage, once the deletes queued off the epochs' path are done."""
-    wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     root = os.path.join(target, HIDDEN, name, "index")
     return {os.path.relpath(os.path.join(d, f), target) for d, _, fs in os.walk(root) for f in fs}
 

@@ -90,7 +90,7 @@ def test_a_table_feature_deltalake_cannot_write_is_refused_before_staging(spark,
     DeltaTable(target).alter.add_feature(
         [getattr(TableFeatures, feature)], allow_protocol_versions_increase=True
     )
-    wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     files = store(target).files("")
     with pytest.raises(
         UnsupportedTableError, match=f"Unsupported table features required: \\[{feature}\\]"
@@ -111,7 +111,7 @@ def test_under_connect_a_table_that_needs_the_jvm_engine_is_refused_naming_it(sp
     DeltaTable(local_target).alter.add_feature(
         [TableFeatures.RowTracking], allow_protocol_versions_increase=True
     )
-    wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     files = store(local_target).files("")
     for engine in ("auto", "delta-spark"):
         with pytest.raises(UnsupportedTableError, match="Spark Connect session does not have") as info:

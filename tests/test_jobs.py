@@ -50,8 +50,8 @@ def _job(tmp_path, **extra: str) -> str:
 
 def _launch(tmp_path, command: list[str], **environ: str) -> dict[str, str]:
     env = {
-        **environ,
         **os.environ,
+        **environ,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()]),
@@ -88,7 +88,12 @@ def test_spark_submit_settings_win_over_the_job_file(tmp_path):
     }
 
 
-def test_mvsink_run_takes_conf_over_the_job_file(tmp_path):
+def test_mvsink_run_takes_the_launchers_settings_and_conf_over_the_job_file(tmp_path):
+    (tmp_path / "spark-conf").mkdir()
+    (tmp_path / "spark-conf" / "spark-defaults.conf").write_text(
+        "# the platform's defaults\nspark.sql.session.timeZone   Asia/Tokyo\n"
+        "spark.sql.shuffle.partitions=4\nspark.master local[1]\n"
+    )
     seen = _launch(
         tmp_path,
         [
@@ -100,13 +105,23 @@ def test_mvsink_run_takes_conf_over_the_job_file(tmp_path):
             "--conf",
             "spark.sql.shuffle.partitions=5",
         ],
+        SPARK_CONF_DIR=str(tmp_path / "spark-conf"),
+        PYSPARK_SUBMIT_ARGS="--conf spark.sql.caseSensitive=false pyspark-shell",
     )
     assert seen == {
-        "master": "local[2]",  # the job file's, outside spark-submit
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "5",
-        "spark.sql.caseSensitive": "true",
+        "master": "local[1]",  # spark-defaults.conf's, over the job file's
+        "spark.sql.session.timeZone": "Asia/Tokyo",
+        "spark.sql.shuffle.partitions": "5",  # --conf, over spark-defaults.conf
+        "spark.sql.caseSensitive": "false",  # PYSPARK_SUBMIT_ARGS, over the job file
     }
+
+
+def test_a_running_session_is_taken_as_it_is(spark, tmp_path):
+    from mvsink.cli.session import local_session
+
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    taken = local_session("again", conf={"spark.sql.shuffle.partitions": "7"})
+    assert taken.conf.get("spark.sql.shuffle.partitions") == before
 
 
 @pytest.mark.parametrize(
@@ -196,3 +211,28 @@ def test_a_failing_epoch_ends_with_the_sinks_reason(spark, tmp_path, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("mvsink: ") and "no_such_column" in last and "view 'latest'" in last, last
     assert "StreamingQueryException" not in last and "Traceback" not in last
+
+
+def test_the_sink_checks_the_output_mode_only_of_a_desired_made_from_the_batch(spark, tmp_path):
+    if "connect" in type(spark).__module__:
+        pytest.skip("classic sessions only")
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5), ("p2", 7)])
+    orders = spark.readStream.schema("product string, amount long").csv(source)
+    sink = MVSink(str(tmp_path / "view"), "v")
+
+    def whole_view(batch, epoch):  # an append query's batch only triggers a full recompute
+        spark_ = batch.sparkSession
+        view = spark_.read.schema("product string, amount long").csv(source).groupBy("product").count()
+        sink(view, epoch)
+
+    query = (
+        orders.writeStream.outputMode("append")
+        .foreachBatch(whole_view)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None and sink.last_report is not None
+    assert sink.last_report.outcome == "committed"

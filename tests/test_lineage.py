@@ -198,3 +198,26 @@ def test_a_thread_of_a_query_from_another_session_must_name_its_lineage(spark, t
     named = MVSink(local_target, "log", mode="append", checkpoint=str(tmp_path / "ckpt"))
     assert run(other, source, str(tmp_path / "ckpt"), in_a_thread(named), complete=False) is None
     assert multiset(target_table(local_target)) == Counter({("p1", 5): 1})
+
+
+def test_a_thread_handing_the_sink_a_frame_of_the_default_session_must_name_its_lineage(
+    spark, tmp_path, local_target
+):
+    if "connect" in type(spark).__module__:
+        pytest.skip("classic sessions only")
+    source = str(tmp_path / "in")
+    write_orders(source, "a", [("p1", 5)])
+
+    def copied(sink):
+        # A frame of the default session made from the batch's rows: no query in sight.
+        return lambda batch, epoch: sink(spark.createDataFrame(batch.collect(), SCHEMA), epoch)
+
+    error = run(
+        spark,
+        source,
+        str(tmp_path / "ckpt"),
+        in_a_thread(copied(MVSink(local_target, "log", mode="append"))),
+        complete=False,
+    )
+    assert error is not None and "ConfigError" in str(error) and "'lineage'" in str(error)
+    assert not versions(local_target)

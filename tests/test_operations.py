@@ -213,7 +213,7 @@ def test_vacuum_is_a_dry_run_by_default_and_deletes_only_the_unreferenced(spark,
         os.makedirs(os.path.dirname(path))
         pq.write_table(pa.table({"id": [1]}), path)
     _age(crashed, 10)
-    wait_for_cleanup()  # the entries of removed files go in the background
+    assert wait_for_cleanup(timeout=None)  # the entries of removed files go in the background
     # Index entries: one of a file that left the table, one of an old layout; both old.
     index = os.path.join(local_target, "_mvsink", "people", "index")
     (digest,) = os.listdir(index)

@@ -143,12 +143,12 @@ def test_background_deletes_reach_the_store_through_long_lived_helpers(spark, s3
         store.put(name, b"entry")
     store.delete_later(names[:3], "index entries")
     store.delete_later(names[3:5], "index entries")
-    assert wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     assert store.files("_mvsink") == [names[5]]
     helpers = list(_background_deleter.procs)
     assert helpers and all(p.poll() is None for p in helpers)  # still there for the next job
     store.delete_later(names[5:], "index entries")
-    assert wait_for_cleanup() and store.files("_mvsink") == []
+    assert wait_for_cleanup(timeout=None) and store.files("_mvsink") == []
     assert _background_deleter.procs[0] is helpers[0]  # reused, not started again
 
 
@@ -250,11 +250,11 @@ def test_the_index_sweep_leaves_fresh_entries_and_writes_in_flight(tmp_path):
     past = time.time() - FRESH_SECONDS - 60
     os.utime(tmp_path / "view" / old, (past, past))
     assert index.sweep([]) == 1
-    assert wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     assert sorted(store.files(index.root)) == sorted([fresh, temp])
     # An hour on, both are leftovers: swept.
     assert index.sweep([], now=time.time() + FRESH_SECONDS + 60) == 2
-    assert wait_for_cleanup() and store.files(index.root) == []
+    assert wait_for_cleanup(timeout=None) and store.files(index.root) == []
 
     stop, failures = threading.Event(), []
 

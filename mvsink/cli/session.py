@@ -1,6 +1,6 @@
 """The SparkSession mvsink's jobs, commands, demo and tests run on.
 
-Precedence of a setting, strongest first:
+Precedence of a setting when the session starts here, strongest first:
 
 1. ``explicit`` (a command's ``--conf``);
 2. what the launcher set before mvsink runs: ``spark-submit``'s ``--master`` and ``--conf``,
@@ -10,13 +10,16 @@ Precedence of a setting, strongest first:
 4. ``DEFAULTS``.
 
 Under ``spark-submit`` the master is spark-submit's. In a plain Python process the job file's
-master applies (unless ``spark-defaults.conf`` sets one).
+master applies (unless ``spark-defaults.conf`` or ``PYSPARK_SUBMIT_ARGS`` sets one). A session
+already running (a notebook's) is taken as it is: only ``explicit`` settings change it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import shlex
 import sys
 from collections.abc import Mapping
 
@@ -51,11 +54,23 @@ def launcher_settings() -> dict[str, str]:
     if under_spark_submit():
         SparkContext._ensure_initialized()
         return dict(SparkConf().getAll())
-    if SparkContext._active_spark_context is not None:
-        return {}  # getOrCreate returns the running session as it is
     home = os.environ.get("SPARK_HOME") or _find_spark_home()
     folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")
-    return _properties(os.path.join(folder, "spark-defaults.conf"))
+    return {**_properties(os.path.join(folder, "spark-defaults.conf")), **_submit_args()}
+
+
+def _submit_args() -> dict[str, str]:
+    """The ``--master`` and ``--conf`` of ``PYSPARK_SUBMIT_ARGS`` (which PySpark hands its
+    launcher after the session's own settings, so they win)."""
+    words = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    settings = {}
+    for flag, value in itertools.pairwise(words):
+        if flag == "--master":
+            settings["spark.master"] = value
+        elif flag == "--conf" and "=" in value:
+            key, _, setting = value.partition("=")
+            settings[key] = setting
+    return settings
 
 
 def _properties(path: str) -> dict[str, str]:
@@ -84,13 +99,18 @@ def local_session(
     and ``master``, then ``DEFAULTS`` (the module's docstring)."""
     # Python workers must run this interpreter, which has pyarrow (not whatever is on PATH).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings = {**DEFAULTS, **(conf or {})}
-    settings.setdefault("spark.master", master)
-    if str(settings["spark.master"]).startswith("local"):
-        # A local job needs no routable address; this also silences Spark's loopback warning.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    settings.update(launcher_settings())
-    settings.update(explicit or {})
+    if SparkContext._active_spark_context is not None:
+        # A running session (a notebook's, the tests'): its settings are its owner's; only the
+        # command line's change it.
+        settings = dict(explicit or {})
+    else:
+        settings = {**DEFAULTS, **(conf or {})}
+        settings.setdefault("spark.master", master)
+        settings.update(launcher_settings())
+        settings.update(explicit or {})
+        if str(settings["spark.master"]).startswith("local"):
+            # A local job needs no routable address; this also silences Spark's loopback warning.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _QUERY_ID = "sql.streaming.queryId"  # the local property Spark sets while a query runs a batch
+_RUN_ID = "spark.jobGroup.id"  # ... and its run's id, as the job group of the batch's jobs
 
 FITTING_OUTPUT_MODES = {
     "complete": ("complete",),
@@ -37,6 +38,9 @@ deleted); an append-mode sink adds every batch (a ``complete`` batch would add t
 @dataclass(frozen=True)
 class Query:
     id: str
+    """The query's id, the same across restarts from its checkpoint (its lineage)."""
+    run: str
+    """This run's id: new at every start of the query."""
     output_mode: str | None
     """``append``, ``complete`` or ``update``; None where Spark does not say."""
 
@@ -71,22 +75,45 @@ def running_query(batch: DataFrame, named: bool, where: Where) -> Query | None:
         for running in root.streams().active() if root is not None else ():
             execution = running.streamingQuery()
             if execution.sparkSessionForStream().equals(session):
-                return Query(str(running.id().toString()), str(execution.outputMode().toString()).lower())
-        direct = root is not None and root.equals(session)
+                mode = str(execution.outputMode().toString()).lower()
+                return Query(str(running.id().toString()), str(running.runId().toString()), mode)
+        # A direct call: a DataFrame of the default session while none of its queries runs.
+        direct = root is not None and root.equals(session) and len(root.streams().active()) == 0
     except Exception as exc:  # a Spark build without these internals
         log.debug("no streaming query found by session: %s", exc)
         direct = False
     if query_id:  # a query of another session, on foreachBatch's own thread
-        return Query(str(query_id), None)
+        return Query(str(query_id), str(context.getLocalProperty(_RUN_ID) or query_id), None)
     if not direct and not named:
-        # Not the default session, and no query of it runs in this one: a batch of a query
-        # started from another session called from another thread, or a direct call with a
-        # DataFrame of another session.
+        # A batch of a query started from another session, called from another thread; a
+        # DataFrame made in foreachBatch from the default session, on another thread; or a
+        # direct call while a query runs, or with a DataFrame of another session.
         raise ConfigError(
-            "cannot tell which streaming query runs this batch (the sink is called from "
-            "another thread than foreachBatch's, for a query not started from the default "
-            "session, or directly with a DataFrame of another session): pass option "
-            "'checkpoint' (the query's checkpointLocation) or 'lineage'",
+            "cannot tell whether a streaming query runs this batch, or which (the sink is called "
+            "from another thread than foreachBatch's with a DataFrame not of the batch's own "
+            "session, or directly while a query runs or with a DataFrame of another session): "
+            "pass option 'checkpoint' (the query's checkpointLocation) or 'lineage' (any name "
+            "for direct calls, e.g. 'direct')",
             where,
         )
     return None
+
+
+def check_output_mode(desired: DataFrame, mode: str, query: Query | None, where: Where) -> None:
+    """``ConfigError`` when ``desired`` is made from the batch of a query whose output mode
+    ``mode`` cannot read right (``output_mode_refusal``). A desired computed otherwise (the
+    whole view read again from a table, say) is whatever the code made it: not checked."""
+    if query is None or query.output_mode is None or not _of_the_batch(desired):
+        return
+    refusal = output_mode_refusal(mode, query.output_mode)
+    if refusal is not None:
+        raise ConfigError(refusal, where)
+
+
+def _of_the_batch(desired: DataFrame) -> bool:
+    """``desired`` reads the micro-batch (Spark hands ``foreachBatch`` an RDD-backed plan)."""
+    try:
+        leaves = desired._jdf.queryExecution().logical().collectLeaves()
+        return any(leaves.apply(i).getClass().getSimpleName() == "LogicalRDD" for i in range(leaves.size()))
+    except Exception:  # not a classic DataFrame
+        return False

@@ -3,9 +3,10 @@
 A ``target`` is a **path** when it has a URI scheme (``s3://``, ``file:``, ...), starts with
 ``/``, ``./`` or ``../``, or holds a path separator; anything else is a **table name**, written
 as ``spark.table()`` takes it (parts separated by dots, each an identifier or backquoted).
-A name is resolved at every epoch through the batch's own Spark session, classic or
-Connect alike (a catalog lookup, tens of milliseconds): ``DESCRIBE DETAIL`` gives a Delta
-table's location, and a table moved since (``ALTER TABLE ... SET LOCATION``) is followed. A
+A name is resolved through the batch's own Spark session, classic or Connect alike, at the
+first epoch of each run of a query (``MVSink._locate`` says when): ``DESCRIBE DETAIL`` gives a
+Delta table's location, and a table moved since (``ALTER TABLE ... SET LOCATION``) is followed.
+A catalog that cannot answer is a ``CatalogUnavailable``, which keeps a location found before. A
 name the catalog does not know, a view, or a table that is not Delta is a ``ConfigError``
 naming it (and suggesting ``./name`` if a path was meant): never a folder made from a name.
 A location is used exactly as the catalog holds it, or refused: never a neighbouring folder
@@ -48,6 +49,11 @@ def check_name(target: str) -> None:
         )
 
 
+class CatalogUnavailable(ConfigError):
+    """The catalog could not answer (a metastore timeout, a failing lookup): unlike a table
+    it does not know, a reason to keep a location already found rather than stop."""
+
+
 def locate(target: str, where: Where, spark: Any = None) -> str:
     """``target`` itself when it is a path, else the location of the Delta table it names in
     ``spark``'s catalog (by default the active session's): how the operations commands take
@@ -73,7 +79,7 @@ def resolve(spark: Any, name: str, where: Where) -> str:
     try:
         known = bool(spark.catalog.tableExists(name))
     except Exception as exc:
-        raise ConfigError(
+        raise CatalogUnavailable(
             f"target {name!r}: the session's catalog cannot look it up: {first_line(exc)}", where
         ) from None
     if known and os.path.isdir(os.path.join(name, "_delta_log")):
@@ -93,7 +99,7 @@ def resolve(spark: Any, name: str, where: Where) -> str:
         rows = spark.sql(f"DESCRIBE DETAIL {name}").collect()
     except Exception as exc:
         # Without Delta's SQL extension, DESCRIBE DETAIL t reads as DESCRIBE TABLE `DETAIL` t.
-        raise ConfigError(
+        raise CatalogUnavailable(
             f"target {name!r} is a table name, and resolving it needs Delta in the Spark session "
             f"(delta-spark, whose DESCRIBE DETAIL gives a table's location): {first_line(exc)}. "
             "Give the table's path or URI instead.",

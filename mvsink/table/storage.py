@@ -229,9 +229,10 @@ class Store:
         infos = self.fs.get_file_info(list(paths)) if paths else []
         return {self._relative(i.path): int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
 
-    def delete(self, paths: Iterable[str]) -> None:
-        """Delete files, many at a time; one already gone is no error. After trying every
-        file, a ``StorageError`` saying how many failed and naming the first."""
+    def delete(self, paths: Iterable[str], *, threads: bool = True) -> None:
+        """Delete files, many at a time (``threads``: on local disk, over a pool of threads,
+        which the interpreter waits for at exit); one already gone is no error. After trying
+        every file, a ``StorageError`` saying how many failed and naming the first."""
         todo = list(paths)
         if not todo:
             return
@@ -249,8 +250,11 @@ class Store:
                 return f"{path}: {first_line(exc)}"
             return None
 
-        with ThreadPoolExecutor(min(DELETE_THREADS, len(todo))) as pool:
-            failed = [f for f in pool.map(one, todo) if f is not None]
+        if threads:
+            with ThreadPoolExecutor(min(DELETE_THREADS, len(todo))) as pool:
+                failed = [f for f in pool.map(one, todo) if f is not None]
+        else:
+            failed = [f for f in map(one, todo) if f is not None]
         _raise_failed(self.root, failed, len(todo))
 
     def delete_later(self, paths: Iterable[str], what: str) -> None:
@@ -264,8 +268,8 @@ class Store:
 
         def run() -> None:
             try:
-                if is_local(self.root):
-                    self.delete(todo)
+                if is_local(self.root):  # on the cleanup thread only, which exit does not wait for
+                    self.delete(todo, threads=False)
                 else:  # never in this process: its deletes would hold the GIL the epoch needs
                     _delete_remote(self.root, self.options, todo, background=True)
             except Exception as exc:

@@ -1,5 +1,6 @@
 """Catalog tables whose location is unusual or changes, and views, named as targets
-(``table/catalog.py``): the sink writes exactly where the catalog says, at every epoch.
+(``table/catalog.py``): the sink writes exactly where the catalog says, looked up at each
+query run's first epoch and at each direct call.
 """
 
 from __future__ import annotations
@@ -70,6 +71,47 @@ def test_a_table_moved_by_alter_table_is_followed_from_the_next_epoch(spark, tmp
         assert sink.frontier() == 2
     finally:
         spark.sql("DROP TABLE IF EXISTS default.moving")
+
+
+def test_a_query_looks_the_name_up_once_a_run_and_a_restart_follows_a_move(spark, tmp_path, caplog):
+    from tests.test_streaming import write_orders
+
+    old, new, source = str(tmp_path / "v1"), str(tmp_path / "v2"), str(tmp_path / "in")
+    columns = "product string, amount long"
+    spark.sql(f"CREATE TABLE default.orders_log ({columns}) USING delta LOCATION '{old}'")
+    spark.sql(f"CREATE TABLE delta.`{new}` ({columns}) USING delta")
+    sink = MVSink("default.orders_log", "log", mode="append", on_new_lineage="adopt")
+
+    def run() -> None:
+        stream = spark.readStream.schema(columns).option("maxFilesPerTrigger", 1).csv(source)
+        query = (
+            stream.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    try:
+        write_orders(source, "a", [("p1", 5)])
+        write_orders(source, "b", [("p2", 7)])
+        with caplog.at_level(logging.INFO, logger="mvsink.sink"):
+            run()  # two batches, one lookup
+        assert sum("table default.orders_log is at" in r.getMessage() for r in caplog.records) == 1
+        assert len(sink.reports) == 2 and sink.target == old
+        spark.sql(f"ALTER TABLE default.orders_log SET LOCATION '{new}'")
+        write_orders(source, "c", [("p3", 9)])
+        run()  # the restarted query looks it up again: the new location
+        assert sink.target == new
+        assert _rows_of(spark, new) == {("p3", 9): 1}
+        assert _rows_of(spark, old) == {("p1", 5): 1, ("p2", 7): 1}
+    finally:
+        spark.sql("DROP TABLE IF EXISTS default.orders_log")
+
+
+def _rows_of(spark, location: str):
+    return multiset(to_arrow(spark.read.format("delta").load(location)), ["product", "amount"])
 
 
 def test_a_catalog_view_is_refused_as_a_view(spark, tmp_path, monkeypatch):

@@ -121,7 +121,7 @@ def test_the_delta_rs_engine_refuses_such_a_table_before_staging(spark, tmp_path
     target = str(tmp_path / "made-by-spark")
     spark.sql(f"CREATE TABLE delta.`{target}` ({SCHEMA}) USING delta {ddl}")
     view(spark, range(0, 5)).write.format("delta").mode("append").save(target)
-    wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     files = store(target).files("")
     with pytest.raises(UnsupportedTableError, match="Unsupported table features required") as info:
         MVSink(target, "v", engine="delta-rs")(view(spark, range(0, 8)), 0)
@@ -196,7 +196,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     assert report.outcome == "committed" and report.attempts == 1
     assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(6, 27), tag="b")), cols)
     # Staged files of the attempt that lost to OPTIMIZE are gone; every referenced file is there.
-    wait_for_cleanup()
+    assert wait_for_cleanup(timeout=None)
     referenced = {p for v in versions(target) for p in added(target, v)}
     assert data_files_on_disk(target) == referenced
     if "RowTracking" in ddl:
