@@ -184,3 +184,14 @@ def test_a_date_no_bound_can_hold_commits_without_its_bound(spark, tmp_path, pla
     assert all("k" in one["minValues"] for one in stats)
     assert any("d" not in one["minValues"] for one in stats)
     assert all(one["maxValues"]["d"] <= "9999-12-31" for one in stats if "d" in one["maxValues"])
+
+
+def test_a_null_filter_on_a_float_column_holding_nan_finds_its_nulls(spark, tmp_path):
+    target = str(tmp_path / "view")
+    rows = [(1, 1.0), (2, float("nan")), (5, None), (6, 3.0)]
+    MVSink(target, "nan", max_rows_per_file=2, cluster_by=["k"])(
+        spark.createDataFrame(rows, "k long, x double"), 0
+    )
+    dataset = DeltaTable(target).to_pyarrow_dataset()
+    assert dataset.to_table(filter=_field("x").is_null()).column("k").to_pylist() == [5]
+    assert sorted(dataset.to_table(filter=_field("x").is_valid()).column("k").to_pylist()) == [1, 2, 6]

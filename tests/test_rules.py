@@ -158,3 +158,51 @@ def test_rows_written_keep_the_rules_when_spark_evaluates_desired_again(
     if path == "whole rewrite":  # the plan replaced every file with desired
         assert plans[0].inserted == 40 and len(plans[0].rewrites) == 8
     assert all(r["amount"] >= 0 for r in target_table(local_target).to_pylist())
+
+
+@pytest.mark.parametrize("placement", ["driver", "distributed"])
+def test_upsert_writes_only_winners_that_keep_the_rules_when_spark_evaluates_desired_again(
+    spark, local_target, tmp_path, monkeypatch, placement
+):
+    """As above, in upsert mode after its first epoch: the batch's rows checked, then its
+    cache lost before the winners are collected (driver) or decided (tasks)."""
+    from mvsink.plan.context import EpochContext
+
+    flip = str(tmp_path / "flip")
+
+    def amount(i: int) -> float:
+        return -1.0 if os.path.exists(flip) else float(i)
+
+    shaky = F.udf(amount, "double").asNondeterministic()
+    strict_table(local_target)
+    sink = MVSink(local_target, "shaky", mode="upsert", key=["id"], placement=placement)
+    sink(
+        spark.range(10).select("id", F.lit("a").alias("name"), F.col("id").cast("double").alias("amount")), 0
+    )
+    enforce = EpochContext.enforce
+
+    def then_lost(self: EpochContext, rows: DataFrame, rules: object) -> None:
+        enforce(self, rows, rules)
+        open(flip, "w").close()
+        spark.catalog.clearCache()
+
+    monkeypatch.setattr(EpochContext, "enforce", then_lost)
+    before = (versions(local_target), data_files_on_disk(local_target))
+    changed = spark.range(3).select("id", F.lit("b").alias("name"), shaky("id").alias("amount"))
+    with pytest.raises(InputError, match="break the rule CHECK amount_pos"):
+        sink(changed, 1)
+    assert unchanged(local_target, before)
+
+
+@pytest.mark.parametrize("placement", ["driver", "distributed"])
+def test_upsert_keeps_a_table_with_not_null_columns_on_both_placements(spark, local_target, placement):
+    strict_table(local_target)
+    sink = MVSink(local_target, "strict", mode="upsert", key=["id"], placement=placement)
+    first = spark.range(10).select("id", F.lit("a").alias("name"), F.col("id").cast("double").alias("amount"))
+    assert sink(first, 0).outcome == "committed"
+    changed = spark.range(3).select(
+        "id", F.lit("b").alias("name"), (F.col("id") + 100).cast("double").alias("amount")
+    )
+    assert sink(changed, 1).outcome == "committed"
+    rows = sorted((r["id"], r["name"], r["amount"]) for r in target_table(local_target).to_pylist())
+    assert rows == [(i, "b", i + 100.0) for i in range(3)] + [(i, "a", float(i)) for i in range(3, 10)]

@@ -148,8 +148,13 @@ def checked(rows: DataFrame, rules: Rules) -> DataFrame:
 def raise_broken(rows: DataFrame, rules: Rules, rule: str, where: Where) -> None:
     """Raise the ``InputError`` for rows breaking ``rule``, with a few of them as a sample."""
     sample = rows.select("*", rules.broken()).where(F.col(RULE) == rule).drop(RULE).limit(3).collect()
-    shown = "; ".join(str(r.asDict()) for r in sample)
-    raise InputError(
+    raise broken_error(rule, [r.asDict() for r in sample], where)
+
+
+def broken_error(rule: str, sample: list[dict[str, Any]], where: Where) -> InputError:
+    """The ``InputError`` for rows breaking ``rule``, a few of them shown."""
+    shown = "; ".join(str(row) for row in sample)
+    return InputError(
         f"rows break the rule {rule}, e.g. {shown}. The view cannot hold them: fix or filter "
         "them in the query, or set on_error='table' to keep them in the errors table. Nothing "
         "was committed.",

@@ -51,7 +51,7 @@ from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
 from mvsink.plan.prune import candidate_files, files_in_ranges
-from mvsink.plan.rules import checked, rules_for
+from mvsink.plan.rules import RULE, Rules, broken_error, checked, rules_for
 from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
@@ -254,14 +254,15 @@ class Upsert:
         self._release_attempt()
         on_driver = marks is None or marks.held <= tombstones.DRIVER_TOMBSTONES
         if not on_driver or (self.touched is None and ctx.placement(snap) == "distributed"):
-            return self._plan_distributed(snap, layout, marks)
+            return self._plan_distributed(snap, layout, marks, rules)
         if self.touched is None:
             with ctx.phase("collect"):
                 cols = [F.col(quote(c)) for c in schema.names]
-                table = ctx.collect(self._winners().select(*cols, F.col(DEL)))
+                table = ctx.collect(self._winners().select(*cols, F.col(DEL), rules.broken()))
                 if table is None:  # too big for the driver
-                    return self._plan_distributed(snap, layout, marks)
+                    return self._plan_distributed(snap, layout, marks, rules)
                 ctx.batch_ran = True  # the touched keys were collected from the whole batch
+            _refuse_broken(table, ctx.where)  # the rows written are these, checked here
             with ctx.phase("fingerprint"):
                 rows = table.select(schema.names).cast(layout.arrow)
                 a, b = fingerprints(rows)
@@ -338,7 +339,7 @@ class Upsert:
         with ThreadPoolExecutor(IO_THREADS) as pool:
             return list(pool.map(lambda f: store.read(f, layout.arrow, snap.partition_by), files))
 
-    def _plan_distributed(self, snap: Snapshot, layout: Layout, marks: _Marks | None) -> Plan:
+    def _plan_distributed(self, snap: Snapshot, layout: Layout, marks: _Marks | None, rules: Rules) -> Plan:
         """The plan made by Spark (``distributed.py``): touched keys are never collected. The
         files that may hold one are read by tasks, their rows of touched keys joined with the
         winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
@@ -380,7 +381,9 @@ class Upsert:
             live = tombstones.frame(spark, ctx.store, marks.manifest, shape, struct, marks.since)
             marked = live.drop(tombstones.DELETED_AT).join(winners.select(*keys), list(spec.key), "left_semi")
             both = both.unionByName(marked.withColumn(_SIDE, F.lit(2)), allowMissingColumns=True)
-        out = StructType([*layout.struct.fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
+        # Nullable, whatever the table says: a retraction carries no row, only its address.
+        rows = [StructField(f.name, f.dataType, True, f.metadata) for f in layout.struct.fields]
+        out = StructType([*rows, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
         decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
         decided = both.repartition(*keys).sortWithinPartitions(*keys).mapInArrow(decider, out)
@@ -403,7 +406,7 @@ class Upsert:
         tasks = max(1, -(-inserted // ctx.opts.max_rows_per_file))
         inserts = decided.where(F.col(_KIND) == 0).select(*[F.col(quote(c)) for c in layout.struct.names])
         plan = Plan(
-            inserts.repartition(tasks) if inserted else None,
+            checked(inserts, rules).repartition(tasks) if inserted else None,
             inserted,
             TaskRewrites(drops, snap.files, retracted) if retracted else (),
         )
@@ -441,6 +444,16 @@ class Upsert:
         if self.ranked is not None:
             release(self.ranked)
             self.ranked = None
+
+
+def _refuse_broken(winners: pa.Table, where: Where) -> None:
+    """``InputError`` if a winner the view would store (not a delete) breaks a rule: the rows
+    collected are the rows written, whatever Spark computed when it checked them before."""
+    broken = pc.and_(winners.column(RULE).is_valid(), pc.invert(winners.column(DEL)))
+    if pc.any(broken).as_py():
+        rows = winners.filter(broken)
+        rule = rows.column(RULE)[0].as_py()
+        raise broken_error(rule, rows.slice(0, 3).drop_columns([RULE, DEL]).to_pylist(), where)
 
 
 def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.Table | None:

@@ -31,13 +31,13 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import MVSinkError, first_line
+from mvsink.table.stats import loosened
 
 TESTED = ("4.4.",)
 """Delta releases (prefixes) whose internals this module was tested against."""
@@ -462,17 +462,11 @@ def readd_action(
 
 
 def _wide(stats: str) -> str:
-    """Statistics JSON marked ``tightBounds: false``, every other byte as it was (parsing and
-    printing it again would turn a 38-digit decimal bound into a float, and a bound that no
-    longer bounds makes readers skip the file)."""
-    marked, found = re.subn(r'"tightBounds"\s*:\s*(true|false)', '"tightBounds":false', stats)
-    if found:
-        return marked
-    body = stats.rstrip()
-    if not body.endswith("}"):
-        raise MVSinkError(f"statistics that are not a JSON object: {stats[:80]!r}")
-    inner = body[:-1].rstrip()
-    return inner + ("" if inner.endswith("{") else ",") + '"tightBounds":false}'
+    """``stats.loosened``, its complaint an ``MVSinkError``."""
+    try:
+        return loosened(stats)
+    except ValueError as exc:
+        raise MVSinkError(str(exc)) from None
 
 
 def cdc_action(path: str, size: int, partition_values: Mapping[str, str | None]) -> dict[str, Any]:

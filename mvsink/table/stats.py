@@ -133,15 +133,25 @@ def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def metadata_stats(md: pq.FileMetaData, data: pa.Table | None = None) -> tuple[int, str]:
+def metadata_stats(
+    md: pq.FileMetaData, data: pa.Table | None = None, nan: set[str] | None = None
+) -> tuple[int, str]:
     """``(num_records, stats_json)`` from a Parquet footer (e.g. one just written) and the
-    rows written (to find NaN; without them no float column is bounded)."""
+    rows written, with ``nan`` their float leaves holding NaN (``nan_leaves``; without the
+    rows no float column is bounded, and a column whose footer has no null count has none)."""
     leaves = _leaves(md.schema.to_arrow_schema())
-    bounded = {key for key, (parts, t) in leaves.items() if not _has_nan(data, parts, t)}
+    if nan is None:
+        nan = nan_leaves(data) if data is not None else set()
+    bounded = {
+        key
+        for key, (_, t) in leaves.items()
+        if key not in nan and (data is not None or not pa.types.is_floating(t))
+    }
     nulls: dict[str, int | None] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     unwritten: set[str] = set()
+    whole: set[str] = set()  # null counts taken from the rows, for the whole file
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         for c in range(rg.num_columns):
@@ -151,9 +161,13 @@ def metadata_stats(md: pq.FileMetaData, data: pa.Table | None = None) -> tuple[i
                 continue
             _, t = leaves[key]
             st = col.statistics
-            if st is None or not st.has_null_count:
-                nulls[key] = None
-            elif key not in nulls or nulls[key] is not None:
+            if key in whole:
+                pass  # counted from the rows already
+            elif st is None or not st.has_null_count:
+                # No count in the footer (its statistics left out, for NaN): the rows say.
+                nulls[key] = None if data is None else _leaf(data, leaves[key][0]).null_count
+                whole.add(key)
+            else:
                 nulls[key] = (nulls.get(key) or 0) + st.null_count
             if st is None or not st.has_min_max:
                 # A group of nulls only has no bounds and narrows nothing; any other gap
@@ -188,26 +202,34 @@ def metadata_stats(md: pq.FileMetaData, data: pa.Table | None = None) -> tuple[i
     return md.num_rows, _dumps(stats)
 
 
-def footer_statistics(data: pa.Table) -> bool | list[str]:
-    """The columns whose Parquet footer statistics to write for ``data``: every one, but a
-    float leaf holding NaN. Parquet writers leave NaN out of a footer's bounds, and Spark's
-    Parquet reader skips row groups by them: ``x > 100`` would skip the group of a NaN, which
-    Spark orders above every number. (``pyarrow.parquet.ParquetWriter``'s
+def nan_leaves(data: pa.Table) -> set[str]:
+    """The Parquet paths of ``data``'s float leaves (through structs) that hold a NaN."""
+    found: set[str] = set()
+
+    def walk(parts: tuple[str, ...], t: pa.DataType) -> None:
+        if pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                walk((*parts, t.field(i).name), t.field(i).type)
+        elif pa.types.is_floating(t) and pc.any(pc.is_nan(_leaf(data, parts))).as_py():
+            found.add(".".join(parts))
+
+    for f in data.schema:
+        walk((f.name,), f.type)
+    return found
+
+
+def footer_statistics(schema: pa.Schema, nan: set[str]) -> bool | list[str]:
+    """The columns whose Parquet footer statistics to write: every one, but the float leaves
+    holding NaN (``nan_leaves``). Parquet writers leave NaN out of a footer's bounds, and
+    Spark's Parquet reader skips row groups by them: ``x > 100`` would skip the group of a NaN,
+    which Spark orders above every number. (``pyarrow.parquet.ParquetWriter``'s
     ``write_statistics``.)"""
-    nan = {key for key, (parts, t) in _leaves(data.schema).items() if _has_nan(data, parts, t)}
     if not nan:
         return True
     empty = pa.BufferOutputStream()
-    pq.write_table(data.schema.empty_table(), empty, use_compliant_nested_type=True)
-    schema = pq.read_metadata(pa.BufferReader(empty.getvalue())).schema
-    return [path for path in (schema.column(i).path for i in range(len(schema))) if path not in nan]
-
-
-def _has_nan(data: pa.Table | None, parts: tuple[str, ...], t: pa.DataType) -> bool:
-    """Whether the leaf at ``parts`` may hold NaN (unknown without the rows: yes)."""
-    if not pa.types.is_floating(t):
-        return False
-    return data is None or bool(pc.any(pc.is_nan(_leaf(data, parts))).as_py())
+    pq.write_table(schema.empty_table(), empty, use_compliant_nested_type=True)
+    paths = pq.read_metadata(pa.BufferReader(empty.getvalue())).schema
+    return [path for path in (paths.column(i).path for i in range(len(paths))) if path not in nan]
 
 
 def _leaf(data: pa.Table, parts: tuple[str, ...]) -> Any:
@@ -235,6 +257,25 @@ def _lesser(a: Any, b: Any) -> Any:
 
 def _greater(a: Any, b: Any) -> Any:
     return a if _key(a) >= _key(b) else b
+
+
+def loosened(stats: str) -> str:
+    """Statistics JSON with ``tightBounds: false`` (a file that a deletion vector narrows: its
+    bounds still bound, no longer tightly), every number kept as written (a 38-digit decimal
+    bound read as a float would no longer bound). Only the top-level key: a column may be
+    named ``tightBounds`` too."""
+    try:
+        parsed = json.loads(stats, parse_float=_exact, parse_int=_exact, parse_constant=_exact)
+    except ValueError as exc:
+        raise ValueError(f"statistics that are not JSON: {stats[:80]!r}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"statistics that are not a JSON object: {stats[:80]!r}")
+    parsed["tightBounds"] = False
+    return _dumps(parsed)
+
+
+def _exact(text: str) -> _Exact:
+    return _Exact(decimal.Decimal(text) if text[-1].isdigit() else float(text), text)
 
 
 def _dumps(value: Any) -> str:

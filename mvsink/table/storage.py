@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
 from mvsink.table.delta import DataFile, NewFile, is_local, partition_string
 from mvsink.table.schema import field_id, is_mapped, physical_field, physical_name
-from mvsink.table.stats import footer_statistics, metadata_stats
+from mvsink.table.stats import footer_statistics, metadata_stats, nan_leaves
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +162,19 @@ class Store:
 
     def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
         sink = pa.BufferOutputStream()
+        nan = nan_leaves(data)
         writer = pq.ParquetWriter(
             sink,
             data.schema,
             compression=_COMPRESSION,
             use_compliant_nested_type=True,
             store_schema=False,
-            write_statistics=footer_statistics(data),
+            write_statistics=footer_statistics(data.schema, nan),
         )
         writer.write_table(data, row_group_size=1 << 20)
         writer.close()
         buf = sink.getvalue()
-        n, stats = metadata_stats(writer.writer.metadata, data)
+        n, stats = metadata_stats(writer.writer.metadata, data, nan)
         self.put(path, buf)
         return NewFile(path, buf.size, n, stats, dict(values))
 
