@@ -553,3 +553,56 @@ def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_
     }
     assert run("covering", startingVersion="3") is None
     assert multiset(target_table(local_target)) == Counter([(1, "v4"), (2, "v3"), (9, "v5")])
+
+
+@pytest.mark.spark4("the queries read mvsink-delta, a Python data source")
+def test_a_snapshot_start_past_the_committed_version_is_refused_and_one_at_or_below_it_commits(
+    spark, tmp_path, local_target
+):
+    """A snapshot at version L is the source's state there, not its changes: read as upserts
+    it deletes nothing that was removed before L. So it starts at L (its offsets' ``from``):
+    over a view committed at 2 a snapshot at 5 would jump versions 3 to 5 and is refused; one
+    at 2 (or below) writes versions 3 to 5 as changes."""
+    from mvsink.sources.reader import register
+
+    register(spark)
+    source = str(tmp_path / "source")
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    write_deltalake(source, pa.table({"id": [1, 2], "v": ["a0", "b0"]}, schema=schema))
+    for v in (1, 2):
+        write_deltalake(source, pa.table({"id": [v], "v": [f"v{v}"]}, schema=schema), mode="append")
+
+    def run(name: str, **options: str) -> Exception | None:
+        ckpt = str(tmp_path / name)
+        reader = spark.readStream.format("mvsink-delta").option("path", source)
+        reader = reader.option("maxVersionsPerTrigger", "1")  # a key changes once a batch
+        for k, val in options.items():
+            reader = reader.option(k, val)
+        sink = upsert_sink(local_target, ckpt)
+        query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+        started = query.trigger(availableNow=True).start()
+        try:
+            started.awaitTermination(300)
+        except Exception as exc:
+            return exc
+        return started.exception()
+
+    assert run("a", startingVersion="0") is None  # the view stands at source version 2
+    assert multiset(target_table(local_target)) == Counter([(1, "v1"), (2, "v2")])
+    for v in (3, 4, 5):  # key 2 changes at 3, key 1 at 4, key 9 appears at 5
+        write_deltalake(
+            source, pa.table({"id": [{3: 2, 4: 1, 5: 9}[v]], "v": [f"v{v}"]}, schema=schema), mode="append"
+        )
+    before = versions(local_target)
+    failed = run("late", startingSnapshot="5")
+    assert failed is not None and "past the committed source offsets" in str(failed)
+    assert versions(local_target) == before
+    assert json.loads((tmp_path / "late" / "offsets" / "0").read_text().splitlines()[2]) == {
+        "version": 5,
+        "from": 5,
+        "id": DeltaTable(source).metadata().id,
+    }
+    # At the committed version: the snapshot is the time the view holds (nothing to write),
+    # then versions 3 to 5 are upserted.
+    assert run("at", startingSnapshot="2") is None
+    assert multiset(target_table(local_target)) == Counter([(1, "v4"), (2, "v3"), (9, "v5")])

@@ -7,6 +7,7 @@ import os
 import random
 import re
 import shutil
+import time
 from collections import Counter
 
 import pyarrow as pa
@@ -456,26 +457,34 @@ def test_a_restarted_query_stops_at_a_schema_change_it_has_not_read(spark, tmp_p
     batches, failed = stream(spark, local_target, ckpt, startingVersion="2")
     assert batches == [] and failed is not None
     assert "at version 1, where this query's checkpoint stands, is not the stream's schema" in str(failed)
+    assert "already changed" not in str(failed)  # the change is after the checkpoint's version
 
 
 @SPARK4
 def test_the_default_start_is_a_snapshot_once_version_0_is_gone(spark, tmp_path):
-    # Vacuumed: version 0's files were compacted away and deleted.
-    vacuumed = str(tmp_path / "vacuumed")
-    for v in range(3):
-        append(vacuumed, range(v * 2, v * 2 + 2), "a")
-    DeltaTable(vacuumed).optimize.compact()  # version 3
-    DeltaTable(vacuumed).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    """Version 0 on while the log holds it and its commit is younger than the table's
+    deletedFileRetentionDuration (no removed file can have been vacuumed yet); otherwise the
+    snapshot at the latest version. Decided from version 0's commit, not by looking at files."""
+    # Older than the retention: version 0 is 1 ms old soon after it was written. Its files
+    # are vacuumed here (as the retention allows), but the rule does not look at them.
+    old = str(tmp_path / "old")
+    rows = pa.table({"id": [0, 1], "v": ["a", "a"]}, schema=SCHEMA)
+    write_deltalake(old, rows, configuration={"delta.deletedFileRetentionDuration": "interval 1 millisecond"})
+    for v in range(1, 3):
+        append(old, range(v * 2, v * 2 + 2), "a")
+    time.sleep(0.05)
+    DeltaTable(old).optimize.compact()
     ckpt = str(tmp_path / "ckpt")
-    batches, failed = stream(spark, vacuumed, ckpt, maxVersionsPerTrigger="1")
-    latest = DeltaTable(vacuumed).version()  # (vacuum commits too)
+    batches, failed = stream(spark, old, ckpt, maxVersionsPerTrigger="1")
+    latest = DeltaTable(old).version()
     assert failed is None and ids(batches) == [list(range(6))]  # the table as of its latest version
-    # Its first batch covers everything up to that version: it starts from nothing ("from" -1).
-    assert last_offset(ckpt) == {"version": latest, "from": -1, "id": DeltaTable(vacuumed).metadata().id}
-    append(vacuumed, range(6, 7), "b")
-    batches, failed = stream(spark, vacuumed, ckpt, maxVersionsPerTrigger="1")
+    # Its first batch is the table's state at that version: it proves nothing before it.
+    assert last_offset(ckpt) == {"version": latest, "from": latest, "id": DeltaTable(old).metadata().id}
+    DeltaTable(old).vacuum(dry_run=False)  # within the (tiny) retention: the history's files go
+    append(old, range(6, 7), "b")
+    batches, failed = stream(spark, old, ckpt, maxVersionsPerTrigger="1")
     assert failed is None and ids(batches) == [[6]]  # then the versions after it
-    assert last_offset(ckpt)["from"] == -1
+    assert last_offset(ckpt)["from"] == latest
 
     # Log cleanup: version 0's commit is no longer in the log (a checkpoint at 2 holds the state).
     cleaned = str(tmp_path / "cleaned")
@@ -483,15 +492,89 @@ def test_the_default_start_is_a_snapshot_once_version_0_is_gone(spark, tmp_path)
         append(cleaned, range(v, v + 1), "a")
     DeltaTable(cleaned).create_checkpoint()
     os.remove(os.path.join(cleaned, "_delta_log", f"{0:020}.json"))
-    batches, failed = stream(spark, cleaned, str(tmp_path / "ckpt2"))
+    batches, failed = stream(spark, cleaned, str(tmp_path / "ckpt2"), maxVersionsPerTrigger="1")
     assert failed is None and ids(batches) == [[0, 1, 2]]
 
-    # While version 0 and its files are there, the default stays the whole history.
+    # While version 0 is in the log and younger than the retention (7 days by default), the
+    # default stays the whole history.
     kept = str(tmp_path / "kept")
     for v in range(2):
         append(kept, range(v, v + 1), "a")
     batches, failed = stream(spark, kept, str(tmp_path / "ckpt3"), maxVersionsPerTrigger="1")
     assert failed is None and ids(batches) == [[0], [1]]
+    assert last_offset(str(tmp_path / "ckpt3"))["from"] == -1
+
+
+def uncommit_last_batch(ckpt: str) -> int:
+    """Make Spark run the checkpoint's last batch again at the next start, as after a crash
+    between recording its offsets and committing it; the batch's id."""
+    folder = os.path.join(ckpt, "commits")
+    last = max(int(n) for n in os.listdir(folder) if n.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        if os.path.exists(os.path.join(folder, name)):
+            os.remove(os.path.join(folder, name))
+    return last
+
+
+@SPARK4
+def test_a_batch_replayed_after_the_table_was_made_again_stops_the_stream(spark, tmp_path, local_target):
+    ckpt = str(tmp_path / "ckpt")
+    for v in range(6):  # versions 0..5
+        append(local_target, range(v, v + 1), "old")
+    batches, failed = stream(spark, local_target, ckpt, maxVersionsPerTrigger="3")
+    assert failed is None and ids(batches) == [[0, 1, 2], [3, 4, 5]]
+    assert uncommit_last_batch(ckpt) == 1  # versions 3..5: Spark replays them, no latestOffset first
+    shutil.rmtree(local_target)  # dropped, and made again: versions 0..6 of another table
+    for v in range(7):
+        append(local_target, range(100 + v, 101 + v), "new")
+    batches, failed = stream(spark, local_target, ckpt, maxVersionsPerTrigger="3")
+    assert batches == []  # not the new table's versions 3..5 under the old table's offsets
+    assert failed is not None and "is not the table this stream was reading" in str(failed)
+    assert DeltaTable(local_target).metadata().id in str(failed)
+
+
+def clean_log(target: str, below: int) -> None:
+    """Log cleanup: a checkpoint at the latest version, and the commits before ``below`` gone."""
+    DeltaTable(target).create_checkpoint()
+    for v in range(below):
+        os.remove(os.path.join(target, "_delta_log", f"{v:020}.json"))
+
+
+@SPARK4
+@pytest.mark.parametrize("option", ["startingVersion", "startingSnapshot"])
+def test_a_query_restarts_once_log_cleanup_took_its_starting_version(spark, tmp_path, local_target, option):
+    ckpt = str(tmp_path / "ckpt")
+    for v in range(4):  # versions 0..3
+        append(local_target, range(v, v + 1), "a")
+    batches, failed = stream(spark, local_target, ckpt, **{option: "1"})
+    first = [[1, 2, 3]] if option == "startingVersion" else [[0, 1], [2, 3]]  # (a snapshot, then 2, 3)
+    assert failed is None and ids(batches) == first
+    clean_log(local_target, below=3)  # the checkpoint stands at 3; version 1 cannot be read now
+    append(local_target, range(4, 6), "b")  # 4
+    batches, failed = stream(spark, local_target, ckpt, **{option: "1"})
+    assert failed is None and ids(batches) == [[4, 5]]
+    # A new query cannot start there: the schema at its start cannot be read.
+    batches, failed = stream(spark, local_target, str(tmp_path / "new"), **{option: "1"})
+    assert batches == [] and failed is not None and "can no longer be read" in str(failed)
+
+
+@SPARK4
+def test_a_restart_whose_checkpoints_version_cannot_be_read_stops(spark, tmp_path, local_target):
+    """The query read versions 0 and 1; then the schema changes at 2 and log cleanup leaves a
+    checkpoint at 2. Restarted (its default start is now a snapshot at the latest version,
+    under the new schema), it cannot tell the schema at 1 and must not read 2 and 3 under
+    another schema than the one it read under."""
+    ckpt = str(tmp_path / "ckpt")
+    append(local_target, range(0, 2), "a")
+    append(local_target, range(2, 3), "a")
+    assert ids(stream(spark, local_target, ckpt)[0]) == [[0, 1, 2]]
+    widen(local_target, range(3, 4))  # version 2
+    clean_log(local_target, below=2)
+    widen(local_target, range(4, 5))  # 3
+    batches, failed = stream(spark, local_target, ckpt)
+    assert batches == [] and failed is not None
+    assert "at version 1, where this query's checkpoint stands, can no longer be read" in str(failed)
+    assert "startingSnapshot='latest'" in str(failed)
 
 
 @SPARK4
@@ -514,7 +597,7 @@ def test_the_change_feed_from_a_snapshot_is_the_view_then_its_exact_changes(spar
         after = multiset(target_table(local_target, v), ["id", "v"])
         assert signed(rows, v, +1) == after - before and signed(rows, v, -1) == before - after
     with open(os.path.join(ckpt, "offsets", "0")) as fh:
-        assert json.loads(fh.read().splitlines()[2])["from"] == -1  # a full rebuild, for the clock
+        assert json.loads(fh.read().splitlines()[2])["from"] == 2  # the snapshot proves nothing before 2
     # startingSnapshot=latest: the view as it is now, in one batch.
     batches, failed = stream(
         spark, local_target, str(tmp_path / "latest"), mode="changes", startingSnapshot="latest"

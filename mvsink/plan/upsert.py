@@ -382,8 +382,8 @@ class Upsert:
             marked = live.drop(tombstones.DELETED_AT).join(winners.select(*keys), list(spec.key), "left_semi")
             both = both.unionByName(marked.withColumn(_SIDE, F.lit(2)), allowMissingColumns=True)
         # Nullable, whatever the table says: a retraction carries no row, only its address.
-        rows = [StructField(f.name, f.dataType, True, f.metadata) for f in layout.struct.fields]
-        out = StructType([*rows, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
+        fields = [StructField(f.name, f.dataType, True, f.metadata) for f in layout.struct.fields]
+        out = StructType([*fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
         decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
         decided = both.repartition(*keys).sortWithinPartitions(*keys).mapInArrow(decider, out)

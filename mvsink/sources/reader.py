@@ -18,30 +18,46 @@ Options (``options.py`` checks them all; an unknown name is a ``ConfigError``): 
 **Where a query starts** (``_start``; a restarted query goes on from its checkpoint):
 
 - ``startingVersion = n``: the versions from ``n`` on (``latest``: those after the latest
-  version when the query starts);
+  version when the stream is defined);
 - ``startingSnapshot = n``: the table as of version ``n`` (``latest``: the latest version) in
   the first batch, then the versions after it (what Delta's own source does for a new query);
-- neither: version 0 on (the first batch rebuilds the view) while the log still holds version
-  0 and its files; once they are gone (log cleanup, vacuum), the snapshot at the latest version.
+- neither: version 0 on (the first batch rebuilds the view) while the log holds version 0 and
+  its commit is younger than the table's ``delta.deletedFileRetentionDuration`` (7 days
+  unless set), so that no file any version removed can have been vacuumed yet; otherwise
+  (log cleanup, an older table) the snapshot at the latest version. One read of version 0's
+  commit decides it, not a look at every file.
 
-Each micro-batch reads the versions after the last one it read, up to the latest (at most
-``maxVersionsPerTrigger`` of them when given; a snapshot is one batch of its own).
+The start and the stream's schema are worked out once, when the stream is defined
+(``DeltaVersions._plan``: Spark keeps the source object it asked the schema of and hands it
+the reader's turn). Each micro-batch reads the versions after the last one it read, up to the
+latest (at most ``maxVersionsPerTrigger`` of them when given; a snapshot is one batch of its
+own).
 
 **The offset** ``{"version": v, "from": s, "id": t}`` orders batches by ``v``, the same for
-every query reading the table, which is what replicas need to share a clock. ``s`` is the
-version before the query's first (``startingVersion - 1``; -1 for a snapshot start, whose
-first batch holds everything up to its version), so the checkpoint says where the first batch
-started (``epoch/clock.py``). ``t`` is the table's id (Delta's ``metaData.id``): a table
-dropped and made again at the same path has a new id and versions that are not the ones the
-stream read, so a stream whose offsets name another id stops (``_same_table``). An offset of
-a checkpoint written before ``id`` was recorded is taken as it is and the next offset records
-the id of the table found then (a table replaced before that restart goes unnoticed).
+every query reading the table, which is what replicas need to share a clock. ``s`` is where
+the query's first batch starts: the version before its first (``startingVersion - 1``), or for
+a snapshot start at ``L``, ``L`` itself. A snapshot is the table's state at ``L``, not its
+changes: it holds no retraction of a row removed before ``L`` (nor tells an append sink which
+rows it already holds), so it proves nothing about the versions before ``L``, and a shared
+clock (``epoch/clock.py``) lets such a batch write only over a view that stands at ``L`` or
+later. ``t`` is the table's id (Delta's ``metaData.id``): a table dropped and made again at
+the same path has a new id and versions that are not the ones the stream read, so a stream
+whose offsets name another id than the table now at the path stops (``_same_table``), whether
+Spark asks for new offsets or replays a batch of its checkpoint. An offset of a checkpoint
+written before ``id`` was recorded is taken as it is and the next offset records the id of
+the table found then (a table replaced before that restart goes unnoticed).
 
 **Schema.** The stream's schema is the table's at the query's start (the starting version,
-or the snapshot's). A version that changes it stops the stream there, on a fresh start and
-after a restart alike (start a new query from that version to read on), so every version the
-stream reads is read under its own schema; a restart whose checkpoint stands where the
-table's schema is not the stream's stops too (``_check_resumed``).
+or the snapshot's; where log cleanup took the starting version, the latest version's, since
+when Spark asks the schema the checkpoint is not known). A version that changes it stops the
+stream there, on a fresh start and after a restart alike (start a new query from that version
+to read on), so every version the stream reads is read under its own schema. A restarted
+query checks the table's schema at the version its checkpoint stands at against the stream's,
+and stops where they differ or where that schema can no longer be read (``_check_resumed``).
+
+**Cost.** A trigger reads the log only: the commit file of the version last seen (to see it is
+still the one seen: a table made again is not) and the names of those after it; the whole
+table (every file's action) is loaded when the reader starts and when that commit changed.
 
 Versions are read from the commit files of the Delta log through the sink's I/O layer
 (``storage.Store``). Two modes (option ``mode``):
@@ -70,9 +86,12 @@ vectors, column mapping).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -113,7 +132,14 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.sources.changes import Mask, exact_change
 from mvsink.sources.options import MODES, NAME, REWRITE_ROWS_PER_TASK, SourceOptions, parse
-from mvsink.table.delta import DataFile, check_features, log_actions, partition_string
+from mvsink.table.delta import (
+    DataFile,
+    check_features,
+    commit_info,
+    log_actions,
+    partition_string,
+    table_retention_us,
+)
 from mvsink.table.fingerprint import I64, fingerprints
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store
@@ -151,6 +177,19 @@ class _Start:
     snapshot: bool
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a query is defined with: where a new one starts, and the stream's schema."""
+
+    start: _Start
+    schema: StructType
+    """The table's at ``start.version`` (the latest version's for a start past it)."""
+    exact: bool
+    """Whether ``schema`` was read at the start's version. False where log cleanup took that
+    version and the latest version's schema stands in: a restart checks it against the
+    version its checkpoint stands at, a new query cannot start there (``_check_resumed``)."""
+
+
 class DeltaVersions(DataSource):
     """The ``mvsink-delta`` source (see the module doc)."""
 
@@ -158,9 +197,17 @@ class DeltaVersions(DataSource):
     def name(cls) -> str:
         return NAME
 
-    def schema(self) -> StructType:
+    @cached_property
+    def _plan(self) -> tuple[SourceOptions, _Plan]:
+        # ``schema`` and ``streamReader`` both need it. Spark pickles this object once it gave
+        # the schema and builds the reader from that copy, so the log is read once (and the
+        # schema the query was defined with goes with the start it was worked out for).
         opts = parse(self.options)
-        table = _start_schema(Store(opts.root, dict(opts.storage)), _start(opts))
+        return opts, _plan(opts)
+
+    def schema(self) -> StructType:
+        opts, plan = self._plan
+        table = plan.schema
         if opts.mode == "appends":
             return table
         taken = {f.name.lower() for f in table.fields} & {DIFF, VERSION.lower()}
@@ -174,15 +221,12 @@ class DeltaVersions(DataSource):
         )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        opts = parse(self.options)
-        store = Store(opts.root, dict(opts.storage))
-        start = _start(opts)
+        opts, plan = self._plan
         return _VersionReader(
-            store,
-            _start_schema(store, start),
+            Store(opts.root, dict(opts.storage)),
+            plan,
             opts.mode == "changes",
             opts.max_versions_per_trigger,
-            start,
             opts.rewrite_rows_per_task,
         )
 
@@ -203,44 +247,58 @@ def _schema_of(table: DeltaTable) -> StructType:
     return StructType.fromJson(json.loads(table.schema().to_json()))
 
 
-def _start(opts: SourceOptions) -> _Start:
-    """Where a new query starts (the module doc). Asked when the query is defined and again
-    when it starts; only a query without a checkpoint uses it."""
+def _plan(opts: SourceOptions) -> _Plan:
+    """Where a new query starts and the stream's schema, from one load of the latest version
+    (and one of the start's version, if earlier)."""
     store = Store(opts.root, dict(opts.storage))
-    latest = int(_open(store).version())
+    latest = _open(store)
+    start = _start(opts, store, latest)
+    if start.version >= int(latest.version()):
+        return _Plan(start, _schema_of(latest), exact=True)
+    try:
+        at_start = _open(store, start.version)
+    except InputError:
+        # Log cleanup took the start's version (a query restarted long after it started
+        # there): the latest version's schema stands in. A restart checks it against the
+        # version its checkpoint stands at and each version read against its own metaData
+        # (``_data_changes``); a new query, which has no such version, stops.
+        return _Plan(start, _schema_of(latest), exact=False)
+    return _Plan(start, _schema_of(at_start), exact=True)
+
+
+def _start(opts: SourceOptions, store: Store, latest: DeltaTable) -> _Start:
+    """Where a new query starts (the module doc); only a query without a checkpoint uses it."""
+    version = int(latest.version())
     if opts.starting_snapshot is not None:
-        at = latest if opts.starting_snapshot == "latest" else opts.starting_snapshot
-        if at > latest:
+        at = version if opts.starting_snapshot == "latest" else opts.starting_snapshot
+        if at > version:
             raise ConfigError(
                 f"the {NAME} source's startingSnapshot {at} is past the latest version of "
-                f"{opts.root} ({latest})"
+                f"{opts.root} ({version})"
             )
         return _Start(at, snapshot=True)
     if opts.starting_version == "latest":
-        return _Start(latest + 1, snapshot=False)
+        return _Start(version + 1, snapshot=False)
     if opts.starting_version is not None:
         return _Start(opts.starting_version, snapshot=False)
-    return _Start(0, snapshot=False) if _history_kept(store) else _Start(latest, snapshot=True)
+    if _history_kept(store, latest.metadata().configuration):
+        return _Start(0, snapshot=False)
+    return _Start(version, snapshot=True)
 
 
-def _history_kept(store: Store) -> bool:
-    """Whether the log still holds version 0 and the files it added (neither log cleanup nor
-    vacuum took them). A later version's files may still be gone: the stream then stops
-    naming the file, and a snapshot start is the way on."""
-    actions = log_actions(store, 0)
-    if actions is None:
-        return False
-    keys = [DataFile(a["add"]["path"], 0, None).key for a in actions if a.get("add")]
-    return len(store.sizes(keys)) == len(set(keys))
-
-
-def _start_schema(store: Store, start: _Start) -> StructType:
-    """The stream's schema: the table's at the version the query starts at (the latest one's
-    for a start past it)."""
-    latest = _open(store)
-    if start.version >= int(latest.version()):
-        return _schema_of(latest)
-    return _schema_of(_open(store, start.version))
+def _history_kept(store: Store, configuration: Mapping[str, str | None]) -> bool:
+    """Whether the log holds version 0 and its commit is younger than the table's
+    ``delta.deletedFileRetentionDuration``: then no file any version removed can have been
+    vacuumed (a vacuum within the retention keeps them), and the history from version 0 can be
+    read. A vacuum told to ignore the retention may still have taken some: the stream then
+    stops naming the file, and a snapshot start is the way on. One read of version 0's
+    commit, whatever the table's size."""
+    info = commit_info(store, 0)
+    retention = table_retention_us(configuration)
+    committed = None if info is None else info.get("timestamp")
+    if retention is None or not isinstance(committed, int) or isinstance(committed, bool):
+        return False  # no version 0, an unread retention or no commit time: nothing proven
+    return (time.time() * 1000 - committed) * 1000 < retention
 
 
 def _schema_at(store: Store, version: int) -> StructType | None:
@@ -299,48 +357,71 @@ def _refused_features(action: Mapping[str, Any]) -> list[str]:
 
 
 class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Reads the versions (or the first batch's snapshot) an offset range covers. State: the
-    query's ``start`` and the stream's ``table_schema`` (fixed when the query starts), the
-    table's id when the query started (``table_id``), the version availableNow stops at
-    (``until``), and whether a resumed query's checkpoint was checked (``resumed``)."""
+    """Reads the versions (or the first batch's snapshot) an offset range covers."""
 
     def __init__(
         self,
         store: Store,
-        table_schema: StructType,
+        plan: _Plan,
         changes: bool,
         limit: int | None,
-        start: _Start,
         rewrite_rows_per_task: int = REWRITE_ROWS_PER_TASK,
     ) -> None:
         self.store = store
-        self.rewrite_rows_per_task = rewrite_rows_per_task
-        self.table_schema = table_schema
+        self.plan = plan
+        self.start = plan.start
+        """Where a new query starts (a restarted one goes on from its checkpoint)."""
+        self.table_schema = plan.schema
+        """The stream's schema, fixed when the query was defined."""
         self.changes = changes
         self.limit = limit
-        self.start = start
-        self.table_id = self._head()[1]
+        self.rewrite_rows_per_task = rewrite_rows_per_task
+        self.seen: tuple[int, bytes] | None = None
+        """The latest version ``_head`` saw and the digest of its commit file."""
+        self.table_id = ""
+        """The id of the table at the path (as of ``seen``): what every offset must name."""
+        self._head()  # sets both
         self.until: int | None = None  # availableNow: the version latest when the run began
         self.resumed = False
+        """Whether this run checked where its checkpoint stands (``_check_resumed``)."""
 
     def initialOffset(self) -> dict[str, Any]:
         # "from": where this query's first batch starts, carried in every offset so that the
         # checkpoint records it (a shared clock learns the first batch's start from it:
         # ``clock.batch_start``). Spark records no initial offset of a Python source.
         if self.start.snapshot:
-            # The first batch is the table as of the snapshot's version: what reading every
-            # version from 0 would have summed to, in one batch. So it starts from nothing,
-            # "from" -1 as for startingVersion 0: a full rebuild, which covers any committed
-            # time up to the snapshot's version. (Not "version - 1": the batch does not hold
-            # only that version's change.) "snapshot" marks this offset, which Spark never
-            # records, as the start of such a query (``partitions``).
-            return {"version": -1, "from": -1, "id": self.table_id, "snapshot": self.start.version}
+            # The first batch is the table's state at the snapshot's version L, not its
+            # changes: no retraction of a row removed before L, so it proves nothing before L
+            # and starts there ("from" L; the module doc). "snapshot" marks this offset, which
+            # Spark never records, as the start of such a query (``partitions``).
+            at = self.start.version
+            return {"version": -1, "from": at, "id": self.table_id, "snapshot": at}
         return {"version": self.start.version - 1, "from": self.start.version - 1, "id": self.table_id}
 
     def _head(self) -> tuple[int, str]:
-        """The table's latest version and its id."""
+        """The table's latest version and its id (and ``table_id`` set to it). Reads the log
+        from the version last seen: its commit file, which must be the one seen (a table made
+        again at the path has other commits), then the names of the commits after it. The
+        whole table is loaded (every file's action: delta-rs 1.6 ignores ``without_files``)
+        the first time and where that commit changed or went (a table made again, log
+        cleanup)."""
+        if self.seen is not None:
+            version, digest = self.seen
+            if _digest(self.store.get(_commit_path(version))) == digest:
+                while self.store.sizes([_commit_path(version + 1)]):
+                    version += 1
+                if version != self.seen[0]:
+                    self._see(version)
+                return version, self.table_id
         table = _open(self.store)
-        return int(table.version()), str(table.metadata().id)
+        version = int(table.version())
+        self.table_id = str(table.metadata().id)
+        self._see(version)
+        return version, self.table_id
+
+    def _see(self, version: int) -> None:
+        raw = self.store.get(_commit_path(version))
+        self.seen = None if raw is None else (version, _digest(raw))
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.until = self._head()[0]
@@ -356,7 +437,8 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is not None:
             self._same_table(start, table_id)
             if "snapshot" in start:  # a snapshot start's first batch: the snapshot, alone
-                return {"version": int(start["snapshot"]), "from": -1, "id": table_id}
+                at = int(start["snapshot"])
+                return {"version": at, "from": at, "id": table_id}
         if self.until is not None:
             latest = self.until
         cap = self.limit if limit is None else getattr(limit, "max_files", None)
@@ -386,9 +468,11 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        # Both offsets must name the table now at the path: a batch replayed after a restart
+        # comes here without ``latestOffset`` (``table_id`` was read when the reader started).
+        for offset in (start, end):
+            self._same_table(offset, self.table_id)
         table_id = end.get("id", start.get("id"))
-        if table_id is not None:
-            self._same_table(start, str(table_id))
         if "snapshot" in start:
             return self._snapshot(int(end["version"]), table_id)
         first = int(start["version"]) + 1
@@ -420,27 +504,62 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     out.extend(_WholeFile(version, f, -1) for f in removes)
         return out
 
+    def _read_nothing(self, start: Mapping[str, Any], first: int) -> bool:
+        """Whether a batch from ``start`` is its query's first to read a version: the query's
+        initial offset (or the end of an empty first batch, which equals it). A snapshot's end
+        ``{"version": L, "from": L}`` is not: the query read the table at L."""
+        if first == 0:
+            return True
+        return (
+            not self.start.snapshot
+            and "from" in start
+            and int(start["from"]) == int(start["version"]) == self.start.version - 1
+        )
+
     def _check_resumed(self, start: Mapping[str, Any], first: int) -> None:
-        """Once per run, where a query goes on from its checkpoint: the table's schema at the
-        last version it read must be the stream's. (It is not where a checkpoint was written
-        by a run that read across a schema change, or where the options name another start.)"""
+        """Once per run, before its first batch of versions: where the query already read
+        some, the table's schema at the version its checkpoint stands at (``first - 1``) must
+        be the stream's. It is not where the query is restarted with options that start it
+        elsewhere, or where a run read across a schema change; it cannot be told where log
+        cleanup took that version. A query that read nothing yet needs its schema read at its
+        start (``_Plan.exact``)."""
         if self.resumed:
             return
         self.resumed = True
-        if first == 0 or ("from" in start and first - 1 <= int(start["from"])):
-            return  # a new query's first batch: it has read nothing yet
-        held = _schema_at(self.store, first - 1)  # (None: the log no longer says; go on)
-        if held is not None and held != self.table_schema:
+        if self._read_nothing(start, first):
+            if not self.plan.exact:
+                raise InputError(
+                    f"version {self.start.version} of the Delta table at {self.store.root}, where "
+                    "this query starts, can no longer be read (log cleanup took it), so the "
+                    f"stream's schema cannot be told: {_NEW_QUERY}"
+                )
+            return
+        held = _schema_at(self.store, first - 1)
+        if held is None:
             raise InputError(
                 f"the schema of the Delta table at {self.store.root} at version {first - 1}, where "
-                "this query's checkpoint stands, is not the stream's schema (the table's at the "
-                "version the query starts at): a version the query read already changed it. Start "
-                f"a new query (a new checkpoint) with startingVersion={first} to read on"
+                "this query's checkpoint stands, can no longer be read (log cleanup took that "
+                "version), so whether the stream's schema is the one the query read under cannot "
+                f"be told: {_NEW_QUERY}"
+            )
+        if held != self.table_schema:
+            raise InputError(
+                f"the schema of the Delta table at {self.store.root} at version {first - 1}, where "
+                "this query's checkpoint stands, is not the stream's schema (the table's where "
+                "the query's options start it): the versions after it would be read under "
+                "another schema than the one the query read under. Start a new query (a new "
+                f"checkpoint) with startingVersion={first} to read on under the table's schema there"
             )
 
     def _snapshot(self, version: int, table_id: Any) -> list[InputPartition]:
         """The table as of ``version``: one partition per file, every row an insert."""
-        table = _open(self.store, version)
+        try:
+            table = _open(self.store, version)
+        except InputError as exc:
+            raise InputError(
+                f"version {version} of the Delta table at {self.store.root}, where this query "
+                f"starts, can no longer be read ({exc}): {_NEW_QUERY}"
+            ) from exc
         if table_id is not None:
             self._same_table({"id": table_id}, str(table.metadata().id))
         if _schema_of(table) != self.table_schema:
@@ -574,6 +693,14 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass
+
+
+def _commit_path(version: int) -> str:
+    return f"_delta_log/{version:020}.json"
+
+
+def _digest(raw: pa.Buffer | None) -> bytes:
+    return b"" if raw is None else hashlib.sha256(raw.to_pybytes()).digest()
 
 
 def _rows_in(adds: Sequence[_File], removes: Sequence[_File]) -> int:
