@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -9,6 +10,7 @@ import re
 import shutil
 import time
 from collections import Counter
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute
@@ -604,3 +606,45 @@ def test_the_change_feed_from_a_snapshot_is_the_view_then_its_exact_changes(spar
     )
     assert failed is None and len(batches) == 1
     assert multiset(batches[0], ["id", "v"]) == multiset(target_table(local_target), ["id", "v"])
+
+
+@SPARK4
+def test_a_rewrite_is_exact_however_its_writers_spelled_a_timestamp_partition(spark, tmp_path, local_target):
+    """Version 1 removes a file another writer put in partition ``2021-06-01 12:30:00.000000``
+    (no zone, as delta-rs writes it) and adds its rewrite in ``2021-06-01T12:30:00.000000Z``
+    (as mvsink and Delta write it): one partition, so only the changed row is in the feed."""
+    at = pa.array([dt.datetime(2021, 6, 1, 12, 30, tzinfo=dt.UTC)] * 3, pa.timestamp("us", tz="UTC"))
+    write_deltalake(
+        local_target, pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"], "at": at}), partition_by=["at"]
+    )
+    with open(os.path.join(local_target, "_delta_log", f"{0:020d}.json")) as fh:
+        (added,) = [a["add"] for a in map(json.loads, fh) if "add" in a]
+    assert added["partitionValues"]["at"] == "2021-06-01 12:30:00.000000"
+    folder = "at=2021-06-01T12:30:00.000000Z"
+    rows = pq.read_table(os.path.join(local_target, unquote(added["path"]))).select(["id", "v"])
+    os.makedirs(os.path.join(local_target, folder))
+    pq.write_table(
+        rows.set_column(1, "v", pa.array(["a", "B", "c"])), os.path.join(local_target, folder, "p.parquet")
+    )
+    size = os.path.getsize(os.path.join(local_target, folder, "p.parquet"))
+    values = {"at": "2021-06-01T12:30:00.000000Z"}
+    actions = [
+        {"commitInfo": {"timestamp": 1, "operation": "WRITE"}},
+        {"remove": {**{k: added[k] for k in ("path", "partitionValues", "size")}, "dataChange": True}},
+        {
+            "add": {
+                "path": f"{folder}/p.parquet",
+                "size": size,
+                "partitionValues": values,
+                "modificationTime": 1,
+                "dataChange": True,
+                "stats": json.dumps({"numRecords": 3}),
+            }
+        },
+    ]
+    with open(os.path.join(local_target, "_delta_log", f"{1:020d}.json"), "w") as fh:
+        fh.write("".join(json.dumps(a) + "\n" for a in actions))
+    batches = feed(spark, local_target, str(tmp_path / "ckpt"), maxVersionsPerTrigger="5")
+    changes = pa.concat_tables(batches)
+    assert signed(changes, 1, -1) == Counter({(2, "b"): 1})
+    assert signed(changes, 1, 1) == Counter({(2, "B"): 1})

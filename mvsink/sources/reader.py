@@ -142,7 +142,7 @@ from mvsink.table.delta import (
 )
 from mvsink.table.fingerprint import I64, fingerprints
 from mvsink.table.schema import arrow_schema
-from mvsink.table.storage import Store
+from mvsink.table.storage import Store, partition_array
 
 __all__ = ["MODES", "NAME", "REWRITE_ROWS_PER_TASK", "DeltaVersions", "register"]
 
@@ -487,11 +487,10 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Rows cancel only within a partition: each partition that both adds and removes
             # files is one task; the others are read file by file.
             sides: dict[str, tuple[list[_File], list[_File]]] = {}
+            schema = arrow_schema(self.table_schema)
             for files, side in ((added, 0), (removed, 1)):
                 for f in files:
-                    sides.setdefault(json.dumps(dict(f.partition_values), sort_keys=True), ([], []))[
-                        side
-                    ].append(f)
+                    sides.setdefault(_partition_key(f.partition_values, schema), ([], []))[side].append(f)
             for adds, removes in sides.values():
                 if self.changes and adds and removes:
                     rows = _rows_in(adds, removes)
@@ -701,6 +700,19 @@ def _commit_path(version: int) -> str:
 
 def _digest(raw: pa.Buffer | None) -> bytes:
     return b"" if raw is None else hashlib.sha256(raw.to_pybytes()).digest()
+
+
+def _partition_key(values: Mapping[str, str | None], schema: pa.Schema) -> str:
+    """A file's partition, the same however a writer spelled its values (a timestamp with or
+    without its zone, a number with or without padding): each value typed, then printed as
+    mvsink prints it."""
+    typed = {
+        name: partition_string(partition_array(value, schema.field(name).type, 1)[0].as_py())
+        if name in schema.names
+        else value
+        for name, value in values.items()
+    }
+    return json.dumps(typed, sort_keys=True)
 
 
 def _rows_in(adds: Sequence[_File], removes: Sequence[_File]) -> int:
