@@ -14,7 +14,7 @@ Views (``--views``):
 * ``parts``: per part (200K groups at SF 1), most groups change per file;
 * ``flags``: per return flag and line status (4 groups), all change.
 
-Systems:
+Systems (and ``floor``, the same query into a ``noop`` sink: the query's own cost):
 
 * complete mode: ``MVSink`` (``outputMode("complete")``) against Delta's own complete-mode
   sink (``writeStream.format("delta").outputMode("complete")``, an overwrite per batch);
@@ -158,6 +158,16 @@ def delta_merge(spark: SparkSession, files: Path, view: str, target: str, ckpt: 
     return {"s": run(writer.option("checkpointLocation", ckpt)), "sink_s": sum(spent), "epochs": len(spent)}
 
 
+def floor(spark: SparkSession, files: Path, view: str, target: str, ckpt: str, mode: str) -> dict[str, Any]:
+    """The query with a sink that writes nothing (``noop``): what no sink can go below."""
+    writer = (
+        stream(spark, files, view)
+        .writeStream.outputMode(mode)
+        .foreachBatch(lambda batch, _: batch.write.format("noop").mode("overwrite").save())
+    )
+    return {"s": run(writer.option("checkpointLocation", ckpt))}
+
+
 def same(spark: SparkSession, target: str, expected: DataFrame) -> bool:
     got = spark.read.format("delta").load(target)
     cols = expected.columns
@@ -185,11 +195,12 @@ def main() -> None:
             for mode in args.modes.split(","):
                 others = {"complete": delta_complete, "update": delta_merge}[mode]
                 runs: dict[str, Any] = {}
-                for name, fn in (("mvsink", mvsink_query), ("theirs", others)):
+                for name, fn in (("floor", floor), ("mvsink", mvsink_query), ("theirs", others)):
                     where = os.path.join(scratch, f"{view}-{mode}-{name}")
-                    extra = (mode,) if name == "mvsink" else ()
+                    extra = (mode,) if name != "theirs" else ()
                     runs[name] = fn(spark, files, view, f"{where}/table", f"{where}/ckpt", *extra)
-                    runs[name]["equal"] = same(spark, f"{where}/table", expected)
+                    if name != "floor":
+                        runs[name]["equal"] = same(spark, f"{where}/table", expected)
                 line = {"view": view, "rows": rows, "mode": mode, **runs}
                 line["ratio"] = round(runs["mvsink"]["s"] / runs["theirs"]["s"], 2)
                 print(json.dumps(line), flush=True)
