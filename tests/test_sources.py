@@ -648,3 +648,28 @@ def test_a_rewrite_is_exact_however_its_writers_spelled_a_timestamp_partition(sp
     changes = pa.concat_tables(batches)
     assert signed(changes, 1, -1) == Counter({(2, "b"): 1})
     assert signed(changes, 1, 1) == Counter({(2, "B"): 1})
+
+
+@SPARK4
+def test_a_first_batch_replayed_after_the_default_start_turned_to_a_snapshot_reads_what_it_recorded(
+    spark, tmp_path, local_target
+):
+    """Batch 0 planned as the history from version 0 (version 0 young), then replayed once
+    version 0 is older than the retention (the default start is now a snapshot): the replay
+    reads the history it recorded, retractions included, never the snapshot."""
+    rows = pa.table({"id": [0, 1], "v": ["a", "a"]}, schema=SCHEMA)
+    write_deltalake(
+        local_target, rows, configuration={"delta.deletedFileRetentionDuration": "interval 3 seconds"}
+    )
+    DeltaTable(local_target).delete("id = 0")  # 1: a retraction only the history holds
+    append(local_target, range(2, 3), "b")  # 2
+    ckpt = str(tmp_path / "ckpt")
+    batches, failed = stream(spark, local_target, ckpt, mode="changes")
+    assert failed is None and len(batches) == 1
+    first = multiset(batches[0], ["id", "diff"])
+    assert first[(0, -1)] == 1  # the history from version 0
+    assert uncommit_last_batch(ckpt) == 0
+    time.sleep(3.5)  # version 0 is now older than the table's retention
+    batches, failed = stream(spark, local_target, ckpt, mode="changes")
+    assert failed is None and len(batches) == 1
+    assert multiset(batches[0], ["id", "diff"]) == first

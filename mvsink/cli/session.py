@@ -17,6 +17,7 @@ already running (a notebook's) is taken as it is: only ``explicit`` settings cha
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import shlex
@@ -26,6 +27,8 @@ from collections.abc import Mapping
 from pyspark import SparkConf, SparkContext
 from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -103,6 +106,9 @@ def local_session(
         # A running session (a notebook's, the tests'): its settings are its owner's; only the
         # command line's change it.
         settings = dict(explicit or {})
+        ignored = sorted(set(conf or {}) - set(settings) - {"spark.master"})
+        if ignored:
+            log.warning("a Spark session is running: kept as it is, without %s", ", ".join(ignored))
     else:
         settings = {**DEFAULTS, **(conf or {})}
         settings.setdefault("spark.master", master)

@@ -473,13 +473,18 @@ class _VersionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for offset in (start, end):
             self._same_table(offset, self.table_id)
         table_id = end.get("id", start.get("id"))
-        if "snapshot" in start:
-            return self._snapshot(int(end["version"]), table_id)
         first = int(start["version"]) + 1
         if start == self.initialOffset() and "from" in end:
-            # A new query's first batch, run again after a restart: it covers what its recorded
-            # end says, even where the start resolves otherwise now (startingVersion 'latest').
+            # A new query's first batch (or its replay after a restart): its recorded end says
+            # what it covers, even where the start resolves otherwise now (startingVersion
+            # 'latest'; the default start, which turns to a snapshot as version 0 ages): a
+            # snapshot's end starts where it ends, a history's before its first version (an
+            # empty first batch, which Spark runs too, ends where it starts).
+            if int(end["from"]) == int(end["version"]) != int(start["version"]):
+                return self._snapshot(int(end["version"]), table_id)
             first = int(end["from"]) + 1
+        elif "snapshot" in start:
+            return self._snapshot(int(end["version"]), table_id)
         self._check_resumed(start, first)
         out: list[InputPartition] = []
         for version in range(first, int(end["version"]) + 1):
@@ -705,14 +710,17 @@ def _digest(raw: pa.Buffer | None) -> bytes:
 def _partition_key(values: Mapping[str, str | None], schema: pa.Schema) -> str:
     """A file's partition, the same however a writer spelled its values (a timestamp with or
     without its zone, a number with or without padding): each value typed, then printed as
-    mvsink prints it."""
-    typed = {
-        name: partition_string(partition_array(value, schema.field(name).type, 1)[0].as_py())
-        if name in schema.names
-        else value
-        for name, value in values.items()
-    }
-    return json.dumps(typed, sort_keys=True)
+    mvsink prints it; one that does not parse as its type, as it is."""
+
+    def typed(name: str, value: str | None) -> str | None:
+        if name not in schema.names:
+            return value
+        try:
+            return partition_string(partition_array(value, schema.field(name).type, 1)[0].as_py())
+        except (ValueError, TypeError, pa.ArrowException):
+            return value
+
+    return json.dumps({name: typed(name, value) for name, value in values.items()}, sort_keys=True)
 
 
 def _rows_in(adds: Sequence[_File], removes: Sequence[_File]) -> int:
