@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -504,14 +505,8 @@ def test_a_callable_clocks_upsert_batch_with_an_unknown_start_is_refused(spark, 
     assert b(rows, 2).outcome == "committed"  # starts where its epoch 1 ended: 10, committed
 
 
-@pytest.mark.spark4("the queries read mvsink-delta, a Python data source")
-def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_it_commits(
-    spark, tmp_path, local_target
-):
-    """The defect end to end: replica A upserts source versions 0..2; versions 3..5 change
-    keys; a new query starting at version 5 would jump 3 and 4 for good. mvsink-delta records
-    where each query started (its offsets' ``from``), so that query fails before writing, and
-    one started at version 3 writes everything."""
+def delta_source(spark: Any, tmp_path: Any) -> tuple[str, pa.Schema]:
+    """A Delta table at versions 0..2 (keys 1 and 2), read by ``mvsink-delta``."""
     from mvsink.sources.reader import register
 
     register(spark)
@@ -520,21 +515,38 @@ def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_
     write_deltalake(source, pa.table({"id": [1, 2], "v": ["a0", "b0"]}, schema=schema))
     for v in (1, 2):
         write_deltalake(source, pa.table({"id": [v], "v": [f"v{v}"]}, schema=schema), mode="append")
+    return source, schema
+
+
+def upsert_from(spark: Any, source: str, target: str, ckpt: str, **options: str) -> Exception | None:
+    """One availableNow query from ``source`` into an upsert sink of ``target``, a version a
+    batch (a key changes once a batch); how it failed, if it did."""
+    reader = spark.readStream.format("mvsink-delta").option("path", source)
+    reader = reader.option("maxVersionsPerTrigger", "1")
+    for k, val in options.items():
+        reader = reader.option(k, val)
+    sink = upsert_sink(target, ckpt)
+    query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+    started = query.trigger(availableNow=True).start()
+    try:
+        started.awaitTermination(300)
+    except Exception as exc:
+        return exc
+    return started.exception()
+
+
+@pytest.mark.spark4("the queries read mvsink-delta, a Python data source")
+def test_a_query_started_past_the_committed_version_is_refused_and_one_covering_it_commits(
+    spark, tmp_path, local_target
+):
+    """The defect end to end: replica A upserts source versions 0..2; versions 3..5 change
+    keys; a new query starting at version 5 would jump 3 and 4 for good. mvsink-delta records
+    where each query started (its offsets' ``from``), so that query fails before writing, and
+    one started at version 3 writes everything."""
+    source, schema = delta_source(spark, tmp_path)
 
     def run(name: str, **options: str) -> Exception | None:
-        ckpt = str(tmp_path / name)
-        reader = spark.readStream.format("mvsink-delta").option("path", source)
-        reader = reader.option("maxVersionsPerTrigger", "1")  # a key changes once a batch
-        for k, val in options.items():
-            reader = reader.option(k, val)
-        sink = upsert_sink(local_target, ckpt)
-        query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
-        started = query.trigger(availableNow=True).start()
-        try:
-            started.awaitTermination(300)
-        except Exception as exc:
-            return exc
-        return started.exception()
+        return upsert_from(spark, source, local_target, str(tmp_path / name), **options)
 
     assert run("a") is None
     assert multiset(target_table(local_target)) == Counter([(1, "v1"), (2, "v2")])
@@ -563,29 +575,10 @@ def test_a_snapshot_start_past_the_committed_version_is_refused_and_one_at_or_be
     it deletes nothing that was removed before L. So it starts at L (its offsets' ``from``):
     over a view committed at 2 a snapshot at 5 would jump versions 3 to 5 and is refused; one
     at 2 (or below) writes versions 3 to 5 as changes."""
-    from mvsink.sources.reader import register
-
-    register(spark)
-    source = str(tmp_path / "source")
-    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
-    write_deltalake(source, pa.table({"id": [1, 2], "v": ["a0", "b0"]}, schema=schema))
-    for v in (1, 2):
-        write_deltalake(source, pa.table({"id": [v], "v": [f"v{v}"]}, schema=schema), mode="append")
+    source, schema = delta_source(spark, tmp_path)
 
     def run(name: str, **options: str) -> Exception | None:
-        ckpt = str(tmp_path / name)
-        reader = spark.readStream.format("mvsink-delta").option("path", source)
-        reader = reader.option("maxVersionsPerTrigger", "1")  # a key changes once a batch
-        for k, val in options.items():
-            reader = reader.option(k, val)
-        sink = upsert_sink(local_target, ckpt)
-        query = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
-        started = query.trigger(availableNow=True).start()
-        try:
-            started.awaitTermination(300)
-        except Exception as exc:
-            return exc
-        return started.exception()
+        return upsert_from(spark, source, local_target, str(tmp_path / name), **options)
 
     assert run("a", startingVersion="0") is None  # the view stands at source version 2
     assert multiset(target_table(local_target)) == Counter([(1, "v1"), (2, "v2")])
