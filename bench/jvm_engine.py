@@ -121,10 +121,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         results: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
         for epoch in range(args.epochs + 1):
-            df = desired(spark, args.rows, args.percent, args.pattern, epoch).cache()
+            df = desired(spark, args.rows, args.percent, args.pattern, epoch, False).cache()
             df.count()
             for name, sink in sinks.items():
                 results[name].append(timed(paths[name], sink, df, epoch))
+                results[name][-1]["phases"] = dict(sink.reports[-1].phases)
             if epoch <= args.merge_epochs:
                 for name in ("merge", "merge-dv"):
                     results[name].append(timed(paths[name], merge, spark, paths[name], df))

@@ -95,3 +95,97 @@ def test_the_inserted_rows_and_retractions_yield_desired(desired: list, files: l
     assert corr.inserted == len(corr.insert_rows) == sum((Counter(desired) - have).values())
     assert corr.retracted == sum((have - Counter(desired)).values())
     assert corr.inserts_all_desired == (corr.inserted == len(desired))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(mixed, max_size=40), st.lists(st.lists(mixed, max_size=8), max_size=6), st.randoms())
+def test_the_diff_by_buckets_and_by_file_starts_is_the_diff(desired: list, files: list, rnd) -> None:
+    """A big diff runs bucket by bucket over persisted rows located by their files' first rows
+    (``starts``, as the driver's index gives them): the same correction as one diff."""
+    import mvsink.plan.correction as correction
+
+    desired = desired + [k for rows in files for k in rows if rnd.random() < 0.8]
+    rnd.shuffle(desired)
+    whole = diff(desired_of(desired), persisted_of(files))
+    sizes = [len(rows) for rows in files]
+    packed = persisted_of(files)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if files else None
+    located = Fingerprints(packed.a, packed.b, starts=starts)
+    saved = correction._BUCKET_ROWS, correction.BUCKET_BITS
+    correction._BUCKET_ROWS, correction.BUCKET_BITS = 0, 2  # every diff by buckets, few of them
+    try:
+        bucketed = diff(desired_of(desired), located)
+    finally:
+        correction._BUCKET_ROWS, correction.BUCKET_BITS = saved
+    # Which of equal desired copies is inserted is free; which stored copies go is not.
+    assert Counter(desired[i] for i in bucketed.insert_rows) == Counter(desired[i] for i in whole.insert_rows)
+    assert {f: list(p) for f, p in bucketed.retracted_positions().items()} == {
+        f: list(p) for f, p in whole.retracted_positions().items()
+    }
+    assert Counter(zip(bucketed.whole_a, bucketed.whole_b, bucketed.whole_n, strict=True)) == Counter(
+        zip(whole.whole_a, whole.whole_b, whole.whole_n, strict=True)
+    )
+    assert Counter(zip(bucketed.part_a, bucketed.part_b, bucketed.part_n, strict=True)) == Counter(
+        zip(whole.part_a, whole.part_b, whole.part_n, strict=True)
+    )
+
+
+def test_rows_of_empty_files_are_located_in_the_next_file() -> None:
+    located = Fingerprints(np.arange(5), np.arange(5), starts=np.array([0, 0, 2, 2, 5]))
+    file, pos = located.locate(np.arange(5))
+    assert list(file) == [1, 1, 3, 3, 3] and list(pos) == [0, 1, 0, 1, 2]
+
+
+def test_a_big_diff_runs_by_buckets_and_gives_the_one_diff() -> None:
+    """Past ``_BUCKET_ROWS``, by buckets: a million persisted rows in 20 files; desired has
+    100 of them changed, 200 gone, 10 held twice and 5 new."""
+    from mvsink.plan.correction import _bucket_diff
+
+    rng = np.random.default_rng(7)
+    n = 1_000_000
+    a, b = rng.integers(-(2**63), 2**63 - 1, n), rng.integers(-(2**63), 2**63 - 1, n)
+    new_a, new_b = rng.integers(-(2**63), 2**63 - 1, 5), rng.integers(-(2**63), 2**63 - 1, 5)
+    stored_b = b.copy()
+    stored_b[:100] += 1  # the stored rows of the 100 that changed
+    d_a = np.concatenate([a[:100], a[300:], a[400:410], new_a])
+    d_b = np.concatenate([b[:100], b[300:], b[400:410], new_b])
+    order = rng.permutation(len(d_a))
+    desired = Fingerprints(d_a[order], d_b[order])
+    corr = diff(desired, Fingerprints(a, stored_b, starts=np.arange(0, n, 50_000, dtype=np.int64)))
+    located = Fingerprints(a, stored_b, np.arange(n) // 50_000, np.arange(n) % 50_000)
+    one = _bucket_diff(desired, located, None, None)
+
+    def inserted(c):
+        return Counter(zip(desired.a[c.insert_rows].tolist(), desired.b[c.insert_rows].tolist(), strict=True))
+
+    assert inserted(corr) == inserted(one)
+    assert (corr.inserted, corr.retracted) == (115, 300)
+    assert sorted(zip(corr.retract_file.tolist(), corr.retract_pos.tolist(), strict=True)) == [
+        (0, p) for p in range(300)
+    ]
+
+
+def test_of_the_rows_fetched_as_many_copies_as_inserted_are_kept_or_repeated() -> None:
+    """The driver fetches the rows to insert by fingerprint (``complete._copies``): of each
+    fingerprint only as many copies as the diff inserts are kept, the earliest, and one that
+    came once (desired holds more copies than are inserted: one of each is fetched) is
+    repeated; a fetch lacking a fingerprint, or bringing another, is refused (Spark tasks
+    write the rows then)."""
+    from mvsink.plan.complete import _copies
+
+    stored = [[(1, 1)], [(2, 2), (2, 2)]]
+    desired = [(1, 1), (1, 1), (1, 1), (2, 2), (2, 2), (2, 2), (3, 3), (3, 3)]
+    corr = diff(desired_of(desired), persisted_of(stored))
+    assert corr.inserted == 5  # 2 more of (1, 1), 1 more of (2, 2), 2 of (3, 3)
+
+    def kept(got: list[tuple[int, int]]) -> list[int] | None:
+        keep = _copies(desired_of(got), corr)
+        if keep is not None:
+            assert len(keep) == corr.inserted
+            assert Counter(got[i] for i in keep) == Counter({(1, 1): 2, (2, 2): 1, (3, 3): 2})
+        return None if keep is None else keep.tolist()
+
+    assert kept([(3, 3), (2, 2), (1, 1), (2, 2), (1, 1), (3, 3), (2, 2), (1, 1)]) == [0, 1, 2, 4, 5]
+    assert kept([(3, 3), (1, 1), (2, 2)]) == [0, 0, 1, 1, 2]  # one of each, repeated
+    assert kept([(3, 3), (1, 1)]) is None  # (2, 2) missing
+    assert kept([(3, 3), (1, 1), (2, 2), (4, 4)]) is None  # (4, 4) not inserted

@@ -242,7 +242,7 @@ def wide(spark: SparkSession, n: int, tag: str) -> DataFrame:
 def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_target, mode, caplog):
     """A 10-row target and a 10 MB batch, under the suite's 8 MB spark.driver.maxResultSize.
     Upsert cannot collect the batch: ``auto`` falls back to Spark tasks for that epoch.
-    Complete mode collects about 25 bytes a row (the fingerprints), which fit; the 100K rows to
+    Complete mode collects about 16 bytes a row (the fingerprints), which fit; the 100K rows to
     insert do not, so Spark tasks write them. A view whose fingerprints alone pass the limit plans in
     Spark tasks, from then on."""
     options = {"mode": mode, "key": ["id"]} if mode == "upsert" else {}
@@ -269,7 +269,7 @@ def test_auto_placement_never_dies_of_the_driver_result_limit(spark, local_targe
     batch = wide(spark, 100_000, "b").where("id != 5")
     assert sink(batch, 2).retracted == 1
     assert verify(batch, local_target, "big").equal
-    # 600K rows of fingerprints are about 14 MB: over the limit, whatever the rows' width.
+    # 600K rows of fingerprints are about 10 MB: over the limit, whatever the rows' width.
     caplog.clear()
     many = spark.range(600_000).select("id", F.lit("z").alias("s"))
     narrow = MVSink(f"{local_target}-narrow", "narrow")
@@ -351,9 +351,9 @@ def test_the_sketch_settles_every_bucket_a_change_leaves_alone(spark, local_targ
         corr.close()
 
 
-PAST_THE_LIMIT = 480_000
-"""Rows of ``wide`` whose fingerprints and row numbers (about 25 bytes a row on the driver)
-come to 12 MB, past the suite's 8 MB limit; so do the changed fingerprint groups the
+PAST_THE_LIMIT = 640_000
+"""Rows of ``wide`` whose fingerprints (16 bytes a row on the driver) come to 10 MB, past the
+suite's 8 MB limit; so do the changed fingerprint groups the
 distributed diff then finds, one per row (about 20 bytes each once Spark serialised them)."""
 
 

@@ -456,31 +456,3 @@ def test_rows_to_insert_past_the_drivers_share_are_written_by_spark_tasks(spark,
     # The tasks stored the new files' index entries from Spark's fingerprints: nothing to do next.
     again = sink(frame(spark, list(reversed(rows2))), 2)
     assert (again.inserted, again.retracted, again.files_read) == (0, 0, 0)
-
-
-def test_rows_named_by_stale_row_numbers_are_found_by_content_instead(spark, target, monkeypatch, caplog):
-    from pyspark.sql import functions as F
-
-    import mvsink.plan.complete
-
-    numbered = mvsink.plan.complete.Complete._numbered
-    calls: list[int] = []
-
-    def renumbered(self, layout):  # the cache computed again, its rows in another order
-        calls.append(1)
-        rows = numbered(self, layout)
-        return (
-            rows.withColumn(mvsink.plan.complete._ROW, F.col(mvsink.plan.complete._ROW) + 1)
-            if len(calls) > 1
-            else rows
-        )
-
-    sink = MVSink(target, "stale", placement="driver")
-    sink(people(spark, range(20)), 0)
-    monkeypatch.setattr(mvsink.plan.complete.Complete, "_numbered", renumbered)
-    caplog.set_level("WARNING", logger="mvsink")
-    desired = people(spark, range(5, 25))
-    report = sink(desired, 1)
-    assert (report.inserted, report.retracted) == (5, 5) and len(calls) == 2
-    assert any("found by fingerprint" in r.getMessage() for r in caplog.records)
-    assert_equal_to(target, desired)

@@ -8,12 +8,13 @@ over it (``fingerprint.spark_lanes``). Two placements compute the same correctio
   checking the target's rules in the same pass. Per attempt, the index (``index.py``) is
   brought level with the snapshot and the numpy diff (``correction.py``) says which
   rows to insert and which stored rows (file, position) to retract. A second job brings only
-  the rows to insert, by their row numbers in the cache (``_numbered``), checked against the
-  fingerprints the diff saw; past ``DRIVER_INSERT_ROWS``, the driver's result limit, or when
-  that check fails (the cache was recomputed in another order), Spark tasks write them,
-  found by fingerprint. Neither collect is bounded before it runs (desired's size, the rows'
-  width): each falls back when Spark refuses it (``ResultLimit``), the first to the
-  distributed placement, the second to Spark tasks writing the inserts.
+  the rows to insert, found in the cache by their fingerprints (equal fingerprints, equal
+  rows: any copies will do), never more rows than the diff inserts; past
+  ``DRIVER_INSERT_ROWS``, the driver's result limit, or when the cache no longer holds
+  them (it was recomputed, and a nondeterministic query gave other rows), Spark tasks write
+  them. Neither collect is bounded before it runs (desired's size, the rows' width): each
+  falls back when Spark refuses it (``ResultLimit``), the first to the distributed
+  placement, the second to Spark tasks writing the inserts.
   Each file holding a retracted row is read through the I/O layer and its kept rows (with
   their fingerprints: its entry less the dropped positions) are written back.
 * Distributed (``distributed.py``): the same steps as Spark jobs and tasks, for views whose
@@ -46,12 +47,11 @@ from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
 from mvsink.table.delta import Snapshot
-from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote, spark_lanes
+from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote
 from mvsink.table.index import PersistedIndex, StoredIndex
 from mvsink.table.write import Layout, Plan, Rewrite, Staged, raise_task_errors
 
 log = logging.getLogger(__name__)
-_ROW = "__mvsink_row"
 _N = "__mvsink_n"
 _RANK = "__mvsink_rank"
 BROADCAST_ROWS = 1_000_000
@@ -59,8 +59,8 @@ BROADCAST_ROWS = 1_000_000
 the driver's result limit lets them (``ResultLimit.small_side``)."""
 
 DRIVER_INSERT_ROWS = 200_000
-"""Up to this many rows to insert (and their row numbers, broadcast, if the driver's result
-limit lets them) are brought to the driver and written there; more are written by Spark tasks
+"""Up to this many rows to insert (found by their fingerprints, broadcast, if the driver's
+result limit lets them) are brought to the driver and written there; more are written by Spark tasks
 (never collected)."""
 WHOLE_MIN_BYTES = 64 << 20
 """Desired is written whole only when that is at least this big (estimated from the table's
@@ -79,10 +79,8 @@ class Complete:
         self.cached: DataFrame | None = None
         self.ours = False
         self.hashed: tuple[Layout, DataFrame] | None = None
-        # The driver path: desired's fingerprints and row numbers (``_numbered``), collected
-        # once per epoch.
+        # The driver path: desired's fingerprints, collected once per epoch.
         self.fps: Fingerprints | None = None
-        self.numbers: I64 = np.zeros(0, dtype=np.int64)
         # The frames cached by the current attempt (distributed path).
         self.attempt: list[SparkCorrection | DataFrame] = []
 
@@ -176,84 +174,83 @@ class Complete:
                 release(held)
         self.attempt = []
 
-    def _numbered(self, layout: Layout) -> DataFrame:
-        """The cached batch's table columns with each row's number (``_ROW``): the same row
-        gets the same number in every job over the cache (its partition and place there)."""
-        cols = [F.col(quote(c)) for c in layout.struct.names]
-        return self._batch().select(*cols, F.monotonically_increasing_id().alias(_ROW))
-
     def _collect(self, layout: Layout, rules: Rules) -> bool:
-        """Bring desired's fingerprints and row numbers (and the rule each row breaks, if any)
+        """Bring desired's fingerprints (and the rule each row breaks, if the table has rules)
         to the driver, once; False if they are too big to (``EpochContext.collect``)."""
         ctx = self.ctx
-        self._hashed(layout)
+        hashed = self._hashed(layout)
         if self.fps is not None and rules == ctx.checked_rules:
             return True
         with ctx.phase("collect"):
-            numbered = self._numbered(layout)
-            table = ctx.collect(numbered.select(_ROW, *spark_lanes(layout.struct), rules.broken()))
+            cols = [F.col(quote(c)) for c in layout.struct.names]
+            checks = [rules.broken()] if rules else []
+            table = ctx.collect(hashed.select(FP_A, FP_B, *checks))
             if table is None:
                 return False
             ctx.batch_ran = True
-        broken = table.column(RULE).drop_null()
-        if len(broken):
-            cols = [F.col(quote(c)) for c in layout.struct.names]
-            raise_broken(ctx.batch.select(*cols), rules, broken[0].as_py(), ctx.where)
+        if checks:
+            broken = table.column(RULE).drop_null()
+            if len(broken):
+                raise_broken(ctx.batch.select(*cols), rules, broken[0].as_py(), ctx.where)
         ctx.checked_rules = rules
         if self.fps is None:
-            self.fps = Fingerprints(_lane(table, FP_A), _lane(table, FP_B))
-            self.numbers = _lane(table, _ROW)
+            # The Arrow buffers go as soon as the lanes are copied out (both lanes of a batch
+            # share one buffer): the driver holds desired's fingerprints twice only meanwhile.
+            a, b = _lane(table, FP_A), _lane(table, FP_B)
+            del table
+            self.fps = Fingerprints(a, b)
         return True
 
     def _fetch(self, corr: Correction) -> tuple[pa.Table, I64, I64] | None:
-        """The desired rows ``corr`` inserts (``insert_rows``), with their fingerprints, on the
-        driver: fetched from the cache by row number (at most ``DRIVER_INSERT_ROWS``, their
-        numbers broadcast), hashed again by Spark and checked against the fingerprints the
-        diff saw. None if there are more, or Spark will not let the driver collect them."""
+        """The desired rows ``corr`` inserts, with their fingerprints, on the driver: found in
+        the cache by fingerprint (at most ``DRIVER_INSERT_ROWS``, their fingerprints
+        broadcast), hashed by Spark, and of each fingerprint as many copies as ``corr``
+        inserts (``_copies``). Every desired copy of a fingerprint it inserts whole comes;
+        where desired holds more copies than it inserts, one of each comes (equal rows) and is
+        repeated, so no more rows reach the driver than are inserted. None if there are more
+        than ``DRIVER_INSERT_ROWS``, Spark will not let the driver collect them, or the cache
+        lacks a fingerprint the diff saw (it was recomputed since, and gave other rows)."""
         ctx = self.ctx
         assert self.hashed is not None and self.fps is not None
         layout, hashed = self.hashed
-        # The numbers' broadcast is bounded before it runs; the rows' collect is not (their
+        # The fingerprints' broadcast is bounded before it runs; the rows' collect is not (their
         # width is not known): it falls back when Spark refuses it.
-        if corr.inserted > DRIVER_INSERT_ROWS or not ctx.limit.fits(corr.inserted, long_row_bytes(1)):
+        keys = 0 if corr.inserts_all_desired else len(corr.whole_a) + len(corr.part_a)
+        if corr.inserted > DRIVER_INSERT_ROWS or not ctx.limit.fits(keys, long_row_bytes(2)):
             return None
-        take = corr.insert_rows
-        want_a, want_b = self.fps.a[take], self.fps.b[take]
-        if corr.inserts_all_desired:
-            wanted = hashed
-        else:
-            numbers = self.numbers[take]
-            keys = from_arrow(ctx.batch.sparkSession, pa.table({_ROW: numbers}), f"{_ROW} long")
-            fetched = self._numbered(layout).join(F.broadcast(keys), _ROW, "left_semi")
-            wanted = fetched.select(*layout.struct.names, *spark_lanes(layout.struct), _ROW)
+        wanted = hashed
+        if keys:
+            fps = pa.table(
+                {
+                    FP_A: np.concatenate([corr.whole_a, corr.part_a]),
+                    FP_B: np.concatenate([corr.whole_b, corr.part_b]),
+                }
+            )
+            fps_df = from_arrow(ctx.batch.sparkSession, fps, f"{FP_A} long, {FP_B} long")
+            wanted = hashed.join(F.broadcast(fps_df), [FP_A, FP_B], "left_semi")
+            if len(corr.part_a):  # duplicated rows: a shuffle of the wanted rows only
+                wanted = wanted.dropDuplicates([FP_A, FP_B])
         with ctx.phase("collect"):
-            table = ctx.limit.collect(wanted)
+            table = ctx.limit.collect(wanted.select(*layout.struct.names, FP_A, FP_B))
         if table is None:
             log.warning(
                 "%s: the rows to insert are more than the driver may collect: Spark tasks write them",
                 ctx.where,
             )
             return None
-        a, b = _lane(table, FP_A), _lane(table, FP_B)
-        if corr.inserts_all_desired:
-            same = _same_multiset((a, b), (want_a, want_b))
-        else:
-            order = np.argsort(_lane(table, _ROW), kind="stable")
-            a, b, table = a[order], b[order], table.take(pa.array(order))
-            expected = np.argsort(self.numbers[take], kind="stable")
-            same = np.array_equal(_lane(table, _ROW), self.numbers[take][expected])
-            same = same and np.array_equal(a, want_a[expected]) and np.array_equal(b, want_b[expected])
-        if not same:
-            # The cache was computed again (a lost executor, an evicted block) and its rows came
-            # in another order: row numbers no longer name them. Rows are found by content.
+        got = Fingerprints(_lane(table, FP_A), _lane(table, FP_B))
+        keep = _copies(got, corr)
+        if keep is None:
+            # The cache was computed again (a lost executor, an evicted block) and gave other
+            # rows (a nondeterministic query): Spark tasks write the rows, checked by count.
             log.warning(
-                "%s: the cached batch was recomputed since its fingerprints were read: the rows to "
-                "insert are found by fingerprint and written by Spark tasks",
+                "%s: the cached batch was recomputed since its fingerprints were read and holds "
+                "other rows: the rows to insert are written by Spark tasks",
                 ctx.where,
             )
             return None
-        rows = table.select(layout.struct.names).cast(layout.arrow)
-        return rows, a, b
+        rows = table.take(pa.array(keep)).select(layout.struct.names).cast(layout.arrow)
+        return rows, got.a[keep], got.b[keep]
 
     def _inserts(self, corr: Correction) -> DataFrame:
         """The rows ``corr`` inserts, with their fingerprints, as a DataFrame for Spark tasks to
@@ -349,12 +346,31 @@ class Complete:
         self.cached = None
 
 
-def _same_multiset(one: tuple[I64, I64], other: tuple[I64, I64]) -> bool:
-    """Whether two lists of fingerprints hold the same fingerprints as often."""
-    if len(one[0]) != len(other[0]):
-        return False
-    x, y = np.lexsort((one[1], one[0])), np.lexsort((other[1], other[0]))
-    return bool(np.array_equal(one[0][x], other[0][y]) and np.array_equal(one[1][x], other[1][y]))
+def _copies(got: Fingerprints, corr: Correction) -> I64 | None:
+    """Which of the fetched rows ``got`` make the rows ``corr`` inserts, as indices into
+    ``got`` (repeated where a row is inserted more often than it came): of each fingerprint
+    inserted ``n`` times, its earliest copies, then its first again until there are ``n``
+    (equal fingerprints, equal rows). None unless ``got`` holds exactly the fingerprints
+    inserted."""
+    want_a = np.concatenate([corr.whole_a, corr.part_a])
+    want_b = np.concatenate([corr.whole_b, corr.part_b])
+    want_n = np.concatenate([corr.whole_n, corr.part_n])
+    order = np.lexsort((got.b, got.a))  # stable: equal fingerprints keep their fetch order
+    a, b = got.a[order], got.b[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    starts = np.flatnonzero(new)
+    wanted = np.lexsort((want_b, want_a))
+    if len(starts) != len(wanted) or not (
+        np.array_equal(a[starts], want_a[wanted]) and np.array_equal(b[starts], want_b[wanted])
+    ):
+        return None
+    need = want_n[wanted]
+    came = np.diff(np.append(starts, len(order)))
+    rank = np.arange(len(order)) - np.repeat(starts, came)
+    own = order[rank < np.repeat(np.minimum(came, need), came)]
+    again = np.repeat(order[starts], np.maximum(need - came, 0))
+    return np.sort(np.concatenate([own, again]))
 
 
 def _lane(table: pa.Table, name: str) -> I64:

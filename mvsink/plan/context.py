@@ -34,8 +34,8 @@ def parse_bytes(text: str) -> int | None:
 
 
 _FINGERPRINT_ROW = 24
-"""Arrow bytes a row of desired's fingerprints takes on the driver (two int64 and the rule
-column), until a collect measured it."""
+"""Arrow bytes a row of desired's fingerprints takes on the driver (two int64, and the rule
+column when the table has rules), until a collect measured it."""
 _DEFAULT_RESULT_LIMIT = 1 << 30  # Spark's default spark.driver.maxResultSize
 _DEFAULT_BROADCAST = 10 << 20  # Spark's default spark.sql.autoBroadcastJoinThreshold
 

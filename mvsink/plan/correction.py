@@ -93,29 +93,66 @@ def _sorted_runs(a: I64, b: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
     return order, np.concatenate([np.ones(min(1, len(a)), dtype=bool), new_run])
 
 
+BUCKET_BITS = 4
+"""A big diff runs as ``2 ** BUCKET_BITS`` smaller ones, by these top bits of each
+fingerprint's first lane:
+equal fingerprints share a bucket, so each bucket's multisets are complete. The buckets' working
+arrays are a sixteenth of the view each and reused, where one diff over everything would touch
+several fresh arrays of the view's size (page faults cost more there than the arithmetic)."""
+_BUCKET_ROWS = 1 << 20
+"""Below this many rows on both sides together, one diff."""
+
+
 def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
-    """desired - persisted as a ``Correction`` (see the module doc).
+    """desired - persisted as a ``Correction`` (see the module doc), bucket by bucket
+    (``BUCKET_BITS``). ``persisted`` says where its rows live (``Fingerprints.locate``)."""
+    nd, np_ = len(desired), len(persisted)
+    if np_ and not persisted.locatable:
+        raise ValueError("persisted fingerprints need file and pos, or starts")
+    if nd + np_ < _BUCKET_ROWS:
+        return _bucket_diff(desired, persisted, None, None)
+    shift = np.uint64(64 - BUCKET_BITS)
+    d_bucket = (desired.a.view(np.uint64) >> shift).astype(np.uint8)
+    p_bucket = (persisted.a.view(np.uint64) >> shift).astype(np.uint8)
+    parts = [
+        _bucket_diff(desired, persisted, np.flatnonzero(d_bucket == k), np.flatnonzero(p_bucket == k))
+        for k in range(1 << BUCKET_BITS)
+    ]
+    return Correction(
+        whole_a=np.concatenate([c.whole_a for c in parts]),
+        whole_b=np.concatenate([c.whole_b for c in parts]),
+        part_a=np.concatenate([c.part_a for c in parts]),
+        part_b=np.concatenate([c.part_b for c in parts]),
+        part_n=np.concatenate([c.part_n for c in parts]),
+        retract_file=np.concatenate([c.retract_file for c in parts]),
+        retract_pos=np.concatenate([c.retract_pos for c in parts]),
+        desired_rows=nd,
+        whole_n=np.concatenate([c.whole_n for c in parts]),
+        insert_rows=np.sort(np.concatenate([c.insert_rows for c in parts])),
+    )
+
+
+def _bucket_diff(
+    desired: Fingerprints, persisted: Fingerprints, d_rows: I64 | None, p_rows: I64 | None
+) -> Correction:
+    """The correction over desired's rows ``d_rows`` and persisted's ``p_rows`` (None: all),
+    holding every copy of their fingerprints; ``insert_rows`` index into all of desired.
 
     Most rows of a steady view are held once and wanted once: those pairs are settled first
     by sorting each side and matching (``_unique_pairs``), and the full multiset algorithm
-    runs on the rest only. Each fingerprint is settled whole or not at all, so the rest holds
-    complete multisets and the result is the same.
-    """
-    nd, np_ = len(desired), len(persisted)
-    if np_ and (persisted.file is None or persisted.pos is None):
-        raise ValueError("persisted fingerprints need file and pos")
-    if nd and np_:
-        d_left, p_left = _unique_pairs(desired, persisted)
-        if len(d_left) < nd:
-            assert persisted.file is not None and persisted.pos is not None
-            rest = _diff(
-                Fingerprints(desired.a[d_left], desired.b[d_left]),
-                Fingerprints(
-                    persisted.a[p_left], persisted.b[p_left], persisted.file[p_left], persisted.pos[p_left]
-                ),
-            )
-            return replace(rest, desired_rows=nd, insert_rows=d_left[rest.insert_rows])
-    return _diff(desired, persisted)
+    runs on the rest only, the persisted rest located in its files. Each fingerprint is
+    settled whole or not at all, so the rest holds complete multisets and the result is the
+    same."""
+    d = desired if d_rows is None else Fingerprints(desired.a[d_rows], desired.b[d_rows])
+    p = persisted if p_rows is None else Fingerprints(persisted.a[p_rows], persisted.b[p_rows])
+    if len(d) and len(p):
+        d_left, p_left = _unique_pairs(d, p)
+    else:
+        d_left, p_left = np.arange(len(d), dtype=np.int64), np.arange(len(p), dtype=np.int64)
+    file, pos = persisted.locate(p_left if p_rows is None else p_rows[p_left])
+    rest = _diff(Fingerprints(d.a[d_left], d.b[d_left]), Fingerprints(p.a[p_left], p.b[p_left], file, pos))
+    inserted = d_left[rest.insert_rows]
+    return replace(rest, desired_rows=len(d), insert_rows=inserted if d_rows is None else d_rows[inserted])
 
 
 def _unique_pairs(desired: Fingerprints, persisted: Fingerprints) -> tuple[I64, I64]:

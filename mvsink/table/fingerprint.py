@@ -62,15 +62,35 @@ _SPARK_SEED = np.uint64(42)  # xxhash64's seed in Spark SQL (not settable there)
 
 @dataclass(frozen=True)
 class Fingerprints:
-    """Row fingerprints; ``file`` and ``pos`` say where each persisted row lives."""
+    """Row fingerprints. Of persisted rows, where each lives: its file number and position
+    (``file``, ``pos``), or each file's first row when the rows are in file order
+    (``starts``)."""
 
     a: I64
     b: I64
     file: I64 | None = None
     pos: I64 | None = None
+    starts: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.a)
+
+    @property
+    def locatable(self) -> bool:
+        return (self.file is not None and self.pos is not None) or self.starts is not None
+
+    def locate(self, rows: I64) -> tuple[I64, I64]:
+        """The file numbers and positions of the rows ``rows`` (indices into these)."""
+        if self.file is not None and self.pos is not None:
+            return self.file[rows], self.pos[rows]
+        if self.starts is None:
+            if len(rows):
+                raise ValueError("these fingerprints do not say where their rows live")
+            return rows, rows
+        # An empty file starts where the next does: the last file starting at or before a row
+        # holds it.
+        file = np.searchsorted(self.starts, rows, side="right").astype(np.int64) - 1
+        return file, rows - self.starts[file]
 
     @staticmethod
     def empty() -> Fingerprints:

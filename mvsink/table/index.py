@@ -209,6 +209,8 @@ class PersistedIndex:
 
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
+        self._packed: FileEntry | None = None
+        """Every entry of the last ``persisted`` in one pair of arrays; the entries are views."""
         self._digest: str | None = None
         self._calls = 0
 
@@ -237,6 +239,7 @@ class PersistedIndex:
         computing them; returns how many data files it had to read."""
         if stored.digest != self._digest:  # a new table layout: every fingerprint changes
             self._files.clear()
+            self._packed = None
             self._digest = stored.digest
         live = {f.identity for f in snap.files}
         self.forget([p for p in self._files if p not in live])
@@ -260,14 +263,37 @@ class PersistedIndex:
         return sum(1 for _, read in loaded if read)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
-        """The persisted side over ``files``: file numbers index into ``files``."""
+        """The persisted side over ``files``, in their order (``starts``: file numbers index
+        into ``files``).
+
+        The entries are packed into one pair of arrays, and from then on held as views of it:
+        the driver holds each row's fingerprint once (16 bytes), not a copy per epoch. Packed
+        already (no file came or went since), nothing is copied."""
         entries = [self._files[f.identity] for f in files]
         if not entries:
             return Fingerprints.empty()
         sizes = np.array([len(e) for e in entries], dtype=np.int64)
-        return Fingerprints(
-            a=np.concatenate([e.a for e in entries]),
-            b=np.concatenate([e.b for e in entries]),
-            file=np.repeat(np.arange(len(entries), dtype=np.int64), sizes),
-            pos=np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]),
-        )
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        packed = self._packed
+        if (
+            packed is not None
+            and len(packed.a) == int(sizes.sum())
+            and all(_views(e, packed, int(s)) for e, s in zip(entries, starts, strict=True))
+        ):
+            return Fingerprints(packed.a, packed.b, starts=starts)
+        a = np.concatenate([e.a for e in entries])
+        b = np.concatenate([e.b for e in entries])
+        self._packed = FileEntry(a, b)
+        for f, s, n in zip(files, starts, sizes, strict=True):
+            self._files[f.identity] = FileEntry(a[s : s + n], b[s : s + n])
+        return Fingerprints(a, b, starts=starts)
+
+
+def _views(entry: FileEntry, packed: FileEntry, start: int) -> bool:
+    """Whether ``entry`` is the part of ``packed`` from row ``start`` on."""
+
+    def at(part: I64, whole: I64) -> bool:
+        offset = part.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+        return part.base is whole and offset == 8 * start
+
+    return at(entry.a, packed.a) and at(entry.b, packed.b)
