@@ -37,8 +37,8 @@ class EpochReport:
     """Complete mode wrote desired whole, replacing every file, as that moved fewer bytes
     than correcting file by file (``inserted`` and ``retracted`` then count every row)."""
     phases: dict[str, float] = field(default_factory=dict)
-    """Seconds spent per step: snapshot, collect, fingerprint, index, diff, read, write, commit
-    (and prepare and rules where they ran)."""
+    """Seconds spent per step: snapshot, collect, fingerprint, index, diff, fetch, read, write,
+    commit (and prepare and rules where they ran)."""
     snapshot_version: int | None = None
     """The table version the epoch's last attempt read and decided against (None while the
     table did not exist): an ``unchanged`` epoch found that version already equal to desired,

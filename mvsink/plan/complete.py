@@ -1,8 +1,8 @@
 """Complete mode: each micro-batch is the whole view; the target is made equal to it.
 
-The batch is cached for the epoch, whatever the attempts, and desired fingerprinted by Spark
-over it (``fingerprint.spark_lanes``). Two placements compute the same correction from it
-(``placement`` option):
+The batch is cached for the epoch, whatever the attempts, with desired's fingerprints computed
+by Spark (``fingerprint.spark_lanes``) in the same pass, so no later scan hashes it again. Two
+placements compute the same correction from it (``placement`` option):
 
 * On the driver: one Spark job brings desired's fingerprints (16 bytes a row) to the driver,
   checking the target's rules in the same pass. Per attempt, the index (``index.py``) is
@@ -47,7 +47,7 @@ from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
 from mvsink.table.delta import Snapshot
-from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote
+from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote, spark_lanes
 from mvsink.table.index import PersistedIndex, StoredIndex
 from mvsink.table.write import Layout, Plan, Rewrite, Staged, raise_task_errors
 
@@ -113,23 +113,28 @@ class Complete:
         rows, a, b = fetched
         return Plan(rows, rows.num_rows, rewrites, insert_fps=(a, b), index=self.stored)
 
-    def _batch(self) -> DataFrame:
-        """The batch, cached: its rows are evaluated once per epoch, whatever reads them. A
-        batch the caller cached is used as it is (and left cached)."""
-        if self.cached is None:
-            batch = self.ctx.batch
-            level = batch.storageLevel
-            self.ours = not (level.useMemory or level.useDisk)
-            self.cached = batch.persist(StorageLevel.MEMORY_AND_DISK) if self.ours else batch
-        return self.cached
-
     def _hashed(self, layout: Layout) -> DataFrame:
-        """Desired with its fingerprints, computed by Spark over the cached batch (hashing is
-        cheaper than caching the hashes, and a scan of the cache costs little)."""
+        """Desired with its fingerprints for ``layout``, its rows evaluated once per epoch
+        whatever reads them: the batch is cached with the fingerprints of the first layout it
+        is hashed for, so the collect and the fetch of the rows to insert read them and never
+        hash again. A batch the caller cached is used as it is (and left cached), hashed at
+        each scan; so is the cache for a layout changed between attempts."""
         if self.hashed is None or self.hashed[0] != layout:
             if self.hashed is not None:  # the table's layout changed between attempts
                 self.fps = None
-            self.hashed = (layout, with_fingerprints(self._batch(), layout))
+            if self.cached is None:
+                batch = self.ctx.batch
+                level = batch.storageLevel
+                self.ours = not (level.useMemory or level.useDisk)
+                if self.ours:
+                    lanes = spark_lanes(layout.struct)
+                    self.cached = batch.select("*", *lanes).persist(StorageLevel.MEMORY_AND_DISK)
+                    columns = [quote(c) for c in layout.struct.names]
+                    self.hashed = (layout, self.cached.select(*columns, FP_A, FP_B))
+                else:
+                    self.cached = batch
+            if self.hashed is None or self.hashed[0] != layout:
+                self.hashed = (layout, with_fingerprints(self.cached, layout))
             self.ctx.checked_rules = None
         return self.hashed[1]
 
@@ -137,7 +142,7 @@ class Complete:
         """Desired written by Spark tasks as it is, never collected."""
         ctx = self.ctx
         # With rules, the rows checked must be the rows written: one evaluation, cached.
-        desired = with_fingerprints(self._batch() if rules else ctx.batch, layout)
+        desired = self._hashed(layout) if rules else with_fingerprints(ctx.batch, layout)
         ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
         # ... and the write tasks check each row they write again: a cache block lost since is
         # computed again, which for a nondeterministic query gives other rows.
@@ -230,7 +235,7 @@ class Complete:
             wanted = hashed.join(F.broadcast(fps_df), [FP_A, FP_B], "left_semi")
             if len(corr.part_a):  # duplicated rows: a shuffle of the wanted rows only
                 wanted = wanted.dropDuplicates([FP_A, FP_B])
-        with ctx.phase("collect"):
+        with ctx.phase("fetch"):
             table = ctx.limit.collect(wanted.select(*layout.struct.names, FP_A, FP_B))
         if table is None:
             log.warning(
