@@ -36,6 +36,7 @@ from urllib.parse import quote as url_quote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -51,6 +52,25 @@ DELETE_THREADS = 16
 # How Hive-style folders name a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _COMPRESSION = "snappy"
+
+
+def dictionary_columns(data: pa.Table) -> list[str] | bool:
+    """The columns of ``data`` worth a dictionary in Parquet: those whose distinct values are
+    at most half its rows. A dictionary of mostly distinct values adds its indices to the
+    values themselves, and Arrow's writer, unlike Spark's, never falls back: files of a few
+    ten thousand unique ids, strings or measures came out 40% bigger than Delta's own. A table
+    with nested columns keeps Arrow's default (every column), whose leaves this does not
+    name."""
+    if not data.num_rows or any(pa.types.is_nested(f.type) for f in data.schema):
+        return True
+
+    def few(column: pa.ChunkedArray) -> bool:
+        try:
+            return bool(2 * pc.count_distinct(column, mode="all").as_py() <= data.num_rows)
+        except pa.ArrowNotImplementedError:  # a type Arrow cannot count (all nulls): as Arrow
+            return True
+
+    return [name for name, column in zip(data.column_names, data.columns, strict=True) if few(column)]
 
 
 @dataclass(frozen=True)
@@ -167,6 +187,7 @@ class Store:
             sink,
             data.schema,
             compression=_COMPRESSION,
+            use_dictionary=dictionary_columns(data),
             use_compliant_nested_type=True,
             store_schema=False,
             write_statistics=footer_statistics(data.schema, nan),
