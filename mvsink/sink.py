@@ -684,6 +684,7 @@ class _Epoch:
             "mvsink.lineage": lineage.name,
             **({"mvsink.time": json.dumps(self.time, sort_keys=True)} if self.time is not None else {}),
             "mvsink.view": self.opts.name,
+            "mvsink.mode": self.opts.mode,
             "mvsink.epoch": str(self.epoch),
             "mvsink.lower": "" if desc.lower is None else str(desc.lower),
             "mvsink.upper": str(desc.upper),

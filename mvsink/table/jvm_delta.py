@@ -215,6 +215,23 @@ class JvmDelta:
         found = [json.loads(text) for text in table.column("add").to_pylist()]
         return {add["path"]: add for add in found}
 
+    def _operation(self, tags: Mapping[str, str]) -> Any:
+        """The Delta operation a commit records: a sink's epoch as Delta's own streaming sink
+        records a micro-batch (``STREAMING UPDATE``, with the output mode, the lineage as the
+        query and the epoch), anything else (compaction, promotion) as ``Manual Update``.
+        Delta derives a streaming update's checksum (``.crc``) from the last one; a manual
+        update's it computes from the whole table state, a Spark job at every commit (0.6 s
+        of a 0.8 s commit at 200K rows, measured)."""
+        jvm = self._jvm
+        epoch = tags.get("mvsink.epoch")
+        if epoch is None:
+            return self._module("org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$")
+        mode = _OUTPUT_MODES[tags.get("mvsink.mode", "complete")]
+        output = getattr(jvm.org.apache.spark.sql.streaming.OutputMode, mode)()
+        streaming = self._module("org.apache.spark.sql.delta.DeltaOperations$StreamingUpdate$")
+        query = tags.get("mvsink.lineage", "")
+        return streaming.apply(output, query, int(epoch), jvm.scala.Option.empty())
+
     def prepare(
         self,
         root: str,
@@ -239,7 +256,7 @@ class JvmDelta:
             txn.txnVersion(app_id)
         from_json = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
         seq = self._seq([from_json(json.dumps(a, separators=(",", ":"))) for a in actions])
-        operation = self._module("org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$")
+        operation = self._operation(tags)
         tag_map = self._map(tags)
         clone = self._jspark.cloneSession()
         clone.conf().set(COMMIT_CONF, "0")
@@ -372,6 +389,8 @@ def commit_turn(root: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+_OUTPUT_MODES = {"complete": "Complete", "upsert": "Update", "append": "Append"}
+"""Spark's output mode (``OutputMode``) a sink mode's epochs are recorded with."""
 _DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")
 """A deletion vector descriptor's fields in the protocol."""
 _ADD_FIELDS = (

@@ -179,7 +179,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     for version, want in wanted.items():
         assert spark_rows(spark, target, version) == want, f"version {version}"
     history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
-    assert history[-1]["operation"] == "Manual Update"
+    assert history[-1]["operation"] == "STREAMING UPDATE"  # as Delta's own streaming sink
     assert report.retracted == 3 and report.inserted == 0
     assert history[-1]["userMetadata"].startswith("mvsink view v epoch 3: +0 -3 rows")
     shown = status(target, "v").views[0]
@@ -980,3 +980,38 @@ def test_a_vector_keeps_the_files_exact_bounds_and_a_vacuumed_vector_is_never_co
     assert spark_rows(spark, target, cols=["id"]) == Counter((i,) for i in range(5))
     assert sink(spark.sql(rows.format(4)), 2).outcome == "committed"
     assert spark_rows(spark, target, cols=["id"]) == Counter((i,) for i in range(4))
+
+
+def test_an_epoch_through_the_sessions_delta_is_a_streaming_update_with_an_exact_checksum(spark, tmp_path):
+    """Issue 37: through the JVM engine an epoch is Delta's ``STREAMING UPDATE``, as Delta's own
+    streaming sink records a micro-batch (a ``Manual Update`` made Delta recompute the whole
+    table's state for each commit's checksum, most of a commit's time). The checksum Delta
+    derives from the last one holds the table as it is at every version: its file count and
+    bytes are the log's. Compaction stays a ``Manual Update``."""
+    from deltalake import DeltaTable
+
+    from mvsink.ops.compact import compact
+
+    target = str(tmp_path / "view")
+    sink = MVSink(target, "revenue", engine="delta-spark", max_rows_per_file=3)
+    for epoch, ids in enumerate([range(0, 10), range(2, 11), range(5, 20)]):
+        assert sink(view(spark, ids, tag=str(epoch)), epoch).outcome == "committed"
+    compact(target, "revenue", max_rows_per_file=100, engine="delta-spark")
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
+    epochs = [row for row in history if (row["userMetadata"] or "").startswith("mvsink view")]
+    # The first epoch makes the table.
+    assert [row["operation"] for row in epochs] == ["CREATE TABLE", "STREAMING UPDATE", "STREAMING UPDATE"]
+    assert [dict(row["operationParameters"]) for row in epochs[1:]] == [
+        {"outputMode": "Complete", "queryId": "direct", "epochId": str(epoch)} for epoch in (1, 2)
+    ]
+    assert history[-1]["operation"] == "Manual Update"
+    for row in history[1:]:  # the versions the session's Delta committed (not the creation)
+        version = row["version"]
+        crc = Path(target, "_delta_log", f"{version:020d}.crc")
+        assert crc.exists(), f"no checksum for version {version}"
+        said = json.loads(crc.read_text())
+        files = DeltaTable(target, version=version).get_add_actions(flatten=True)
+        assert (said["numFiles"], said["tableSizeBytes"]) == (
+            files.num_rows,
+            sum(files.column("size_bytes").to_pylist()),
+        ), f"version {version}"
