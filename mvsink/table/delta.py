@@ -808,8 +808,7 @@ def _prepare_jvm(
         *(cdc_action(quote(f.path, safe="/="), f.size, keyed(f.partition_values)) for f in changes),
         *(txn_action(t.app_id, t.version) for t in transactions),
     ]
-    app_ids = [t.app_id for t in transactions]
-    return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata, app_ids)  # type: ignore[no-any-return]
+    return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata)  # type: ignore[no-any-return]
 
 
 def physical_names(schema_json: str | None) -> dict[str, str]:

@@ -239,7 +239,6 @@ class JvmDelta:
         actions: Sequence[Mapping[str, Any]],
         tags: Mapping[str, str],
         user_metadata: str | None,
-        app_ids: Sequence[str],
     ) -> Callable[[], int]:
         """Everything up to the commit call (whose failure cannot have landed anything): a
         transaction on ``read_version`` of the table at ``root`` with ``actions`` (Delta-log
@@ -251,9 +250,11 @@ class JvmDelta:
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
         snapshot = delta_log.getSnapshotAt(read_version, none, none, False)
         txn = delta_log.startTransaction(none, jvm.scala.Some(snapshot))
-        txn.readWholeTable()  # any data change since read_version conflicts
-        for app_id in app_ids:  # and any commit of these app transactions
-            txn.txnVersion(app_id)
+        # One attempt (``COMMIT_CONF``): the call fails if any commit holds the version, data
+        # or app transactions alike, so nothing is registered as read. (Reading an app
+        # transaction's version, ``txnVersion``, made Delta compute the whole table's state, a
+        # Spark job at every commit.)
+        txn.readWholeTable()
         from_json = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
         seq = self._seq([from_json(json.dumps(a, separators=(",", ":"))) for a in actions])
         operation = self._operation(tags)
