@@ -17,6 +17,7 @@ to some reader or writer fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from pyspark.sql import SparkSession
 import mvsink.table.delta
 from mvsink.cli.session import DEFAULTS, local_session
 from mvsink.compat import SPARK_LINE
+from tests.cluster import standalone_cluster
 from tests.delta_session import DELTA_LINE, delta_conf
 from tests.s3server import BUCKET, FaultyS3, fault_proxy, free_port, moto_server, stop, wait_for_port
 
@@ -136,9 +138,14 @@ def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> I
     conf = {"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
     if DELTA_LINE:
         conf.update(delta_conf(tmp_path_factory.mktemp("warehouse")))
-    session = local_session("mvsink-tests", conf=conf)
-    yield session
-    session.stop()
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("MVSINK_TEST_MASTER") == "standalone":
+            # Executors in their own JVMs and Python workers, as on a cluster (tests/cluster.py).
+            master = stack.enter_context(standalone_cluster(tmp_path_factory.mktemp("cluster")))
+            conf.update({"spark.master": master, "spark.executor.memory": "2g", "spark.cores.max": "2"})
+        session = local_session("mvsink-tests", conf=conf)
+        yield session
+        session.stop()
 
 
 # --- S3 ----------------------------------------------------------------------------------------

@@ -404,3 +404,23 @@ def test_what_an_epoch_brings_to_the_driver_is_bounded_by_the_session_limit(spar
         assert ResultLimit.of(spark).spark_broadcasts == 0  # Spark never broadcasts on its own
     finally:
         spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+
+
+@pytest.mark.skipif(
+    os.environ.get("MVSINK_TEST_MASTER") != "standalone",
+    reason="on the standalone cluster only (make test runs this suite there once)",
+)
+def test_on_a_standalone_cluster_the_tasks_run_in_executors_apart_from_the_driver(spark, local_target):
+    """Issue 37: this suite runs once on a standalone cluster (``tests/cluster.py``): a master,
+    a worker and its executor, each a JVM of its own; a distributed epoch's tasks plan and
+    write there, and the view is exact."""
+    sc = spark.sparkContext
+    assert sc.master.startswith("spark://127.0.0.1:")
+    sink = MVSink(local_target, "apart", placement="distributed", max_rows_per_file=500)
+    sink(wide(spark, 2_000, "a"), 0)
+    batch = wide(spark, 2_000, "a").where("id % 10 != 3").unionByName(wide(spark, 30, "b"))
+    report = sink(batch, 1)
+    assert report.outcome == "committed" and report.retracted == 200
+    assert verify(batch, local_target, "apart").equal
+    # The tasks ran: the driver's block manager and an executor's, in another process.
+    assert sc._jsc.sc().getExecutorMemoryStatus().size() >= 2
