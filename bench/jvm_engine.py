@@ -19,6 +19,7 @@ Runs in the interop virtualenv (PySpark 4.2 + delta-spark 4.4's jars, ``make tes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -63,11 +64,12 @@ def on_disk(path: str) -> dict[str, int]:
     root = Path(path)
     if not root.exists():
         return {}
-    return {
-        str(p.relative_to(root)): p.stat().st_size
-        for p in root.rglob("*")
-        if p.is_file() and "_delta_log" not in p.parts and not p.name.endswith(".crc")
-    }
+    found = {}
+    for p in root.rglob("*"):
+        if p.is_file() and "_delta_log" not in p.parts and not p.name.endswith(".crc"):
+            with contextlib.suppress(FileNotFoundError):  # a background delete got there first
+                found[str(p.relative_to(root))] = p.stat().st_size
+    return found
 
 
 def timed(path: str, action: Any, *args: Any) -> dict[str, float]:

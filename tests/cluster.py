@@ -9,7 +9,10 @@ processes than the driver, as in production.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -18,28 +21,40 @@ from pathlib import Path
 
 import pyspark
 
-from tests.s3server import free_port, stop, wait_for_port
+from tests.s3server import free_port, stop
 
 WORKER_CORES = 2
 WORKER_MEMORY = "6g"
+
+
+def _die_with_parent() -> None:
+    """In the child: be sent SIGTERM when the test process dies, however it dies (the JVM that
+    ``spark-class`` execs keeps the setting)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [spark_class, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [spark_class, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
 
-def _wait_for_line(proc: subprocess.Popen[bytes], log: Path, text: str, what: str) -> None:
+def _wait_for_line(proc: subprocess.Popen[bytes], log: Path, pattern: str, what: str) -> re.Match[str]:
     deadline = time.monotonic() + 120
-    while text not in log.read_text(errors="replace"):
+    while (found := re.search(pattern, log.read_text(errors="replace"))) is None:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready after 120 s; see {log}")
         time.sleep(0.2)
+    return found
 
 
 @contextlib.contextmanager
@@ -59,8 +74,9 @@ def standalone_cluster(folder: Path) -> Iterator[str]:
     master = _start(["org.apache.spark.deploy.master.Master", *args], master_log, env)
     worker = None
     try:
-        wait_for_port(master, port, "the Spark master", master_log)
-        url = f"spark://127.0.0.1:{port}"
+        # The port it bound (another process may have taken the one asked for: Spark moves on).
+        started = _wait_for_line(master, master_log, r"Starting Spark master at (spark://\S+)", "the master")
+        url = started.group(1)
         worker = _start(
             [
                 "org.apache.spark.deploy.worker.Worker",

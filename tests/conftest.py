@@ -142,7 +142,15 @@ def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> I
         if os.environ.get("MVSINK_TEST_MASTER") == "standalone":
             # Executors in their own JVMs and Python workers, as on a cluster (tests/cluster.py).
             master = stack.enter_context(standalone_cluster(tmp_path_factory.mktemp("cluster")))
-            conf.update({"spark.master": master, "spark.executor.memory": "2g", "spark.cores.max": "2"})
+            conf.update(
+                {
+                    "spark.master": master,
+                    "spark.executor.memory": "2g",
+                    "spark.cores.max": "2",
+                    "spark.driver.host": "127.0.0.1",
+                    "spark.driver.bindAddress": "127.0.0.1",
+                }
+            )
         session = local_session("mvsink-tests", conf=conf)
         yield session
         session.stop()

@@ -118,7 +118,9 @@ class Complete:
         whatever reads them: the batch is cached with the fingerprints of the first layout it
         is hashed for, so the collect and the fetch of the rows to insert read them and never
         hash again. A batch the caller cached is used as it is (and left cached), hashed at
-        each scan; so is the cache for a layout changed between attempts."""
+        each scan (the fetch then hashes every row again: at 10M rows, 1.4-1.9 s, where a
+        second cache of it cost 3.5 s more); so is the cache for a layout changed between
+        attempts."""
         if self.hashed is None or self.hashed[0] != layout:
             if self.hashed is not None:  # the table's layout changed between attempts
                 self.fps = None
@@ -209,10 +211,11 @@ class Complete:
     def _fetch(self, corr: Correction) -> tuple[pa.Table, I64, I64] | None:
         """The desired rows ``corr`` inserts, with their fingerprints, on the driver: found in
         the cache by fingerprint (at most ``DRIVER_INSERT_ROWS``, their fingerprints
-        broadcast), hashed by Spark, and of each fingerprint as many copies as ``corr``
-        inserts (``_copies``). Every desired copy of a fingerprint it inserts whole comes;
-        where desired holds more copies than it inserts, one of each comes (equal rows) and is
-        repeated, so no more rows reach the driver than are inserted. None if there are more
+        broadcast), and of each fingerprint as many copies as ``corr`` inserts (``_copies``).
+        When every wanted fingerprint is inserted whole, every desired copy of each comes;
+        when desired holds more copies of some than the diff inserts, one copy of each wanted
+        fingerprint comes (equal rows) and is repeated, so no more rows reach the driver than
+        are inserted. None if there are more
         than ``DRIVER_INSERT_ROWS``, Spark will not let the driver collect them, or the cache
         lacks a fingerprint the diff saw (it was recomputed since, and gave other rows)."""
         ctx = self.ctx
@@ -236,7 +239,8 @@ class Complete:
             if len(corr.part_a):  # duplicated rows: a shuffle of the wanted rows only
                 wanted = wanted.dropDuplicates([FP_A, FP_B])
         with ctx.phase("fetch"):
-            table = ctx.limit.collect(wanted.select(*layout.struct.names, FP_A, FP_B))
+            columns = [F.col(quote(c)) for c in layout.struct.names]
+            table = ctx.limit.collect(wanted.select(*columns, FP_A, FP_B))
         if table is None:
             log.warning(
                 "%s: the rows to insert are more than the driver may collect: Spark tasks write them",
@@ -281,7 +285,8 @@ class Complete:
         if len(corr.part_n):  # some fingerprints insert fewer copies than desired holds
             copies = Window.partitionBy(FP_A, FP_B).orderBy(FP_A)
             rows = rows.withColumn(_RANK, F.row_number().over(copies)).where(F.col(_RANK) <= F.col(_N))
-        return rows.select(*layout.struct.names, FP_A, FP_B).repartition(tasks)
+        columns = [F.col(quote(c)) for c in layout.struct.names]
+        return rows.select(*columns, FP_A, FP_B).repartition(tasks)
 
     def _whole_is_cheaper(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> bool:
         """Whether writing desired whole moves fewer bytes than the correction: reading each

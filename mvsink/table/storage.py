@@ -57,8 +57,9 @@ _COMPRESSION = "snappy"
 def dictionary_columns(data: pa.Table) -> list[str] | bool:
     """The columns of ``data`` worth a dictionary in Parquet: those whose distinct values are
     at most half its rows. A dictionary of mostly distinct values adds its indices to the
-    values themselves, and Arrow's writer, unlike Spark's, never falls back: files of a few
-    ten thousand unique ids, strings or measures came out 40% bigger than Delta's own. A table
+    values themselves, and Arrow's writer, unlike Spark's, does not fall back for that (only
+    once the dictionary passes its page size limit): files of a few ten thousand unique ids,
+    strings or measures came out 40% bigger than Delta's own. A table
     with nested columns keeps Arrow's default (every column), whose leaves this does not
     name."""
     if not data.num_rows or any(pa.types.is_nested(f.type) for f in data.schema):
