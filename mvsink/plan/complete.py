@@ -215,9 +215,9 @@ class Complete:
         When every wanted fingerprint is inserted whole, every desired copy of each comes;
         when desired holds more copies of some than the diff inserts, one copy of each wanted
         fingerprint comes (equal rows) and is repeated, so no more rows reach the driver than
-        are inserted. None if there are more
-        than ``DRIVER_INSERT_ROWS``, Spark will not let the driver collect them, or the cache
-        lacks a fingerprint the diff saw (it was recomputed since, and gave other rows)."""
+        are inserted. None if there are more than ``DRIVER_INSERT_ROWS``, Spark will not let
+        the driver collect them, or the cache lacks a fingerprint the diff saw (it was
+        recomputed since, and gave other rows)."""
         ctx = self.ctx
         assert self.hashed is not None and self.fps is not None
         layout, hashed = self.hashed
@@ -228,12 +228,8 @@ class Complete:
             return None
         wanted = hashed
         if keys:
-            fps = pa.table(
-                {
-                    FP_A: np.concatenate([corr.whole_a, corr.part_a]),
-                    FP_B: np.concatenate([corr.whole_b, corr.part_b]),
-                }
-            )
+            want_a, want_b, _ = corr.insert_keys()
+            fps = pa.table({FP_A: want_a, FP_B: want_b})
             fps_df = from_arrow(ctx.batch.sparkSession, fps, f"{FP_A} long, {FP_B} long")
             wanted = hashed.join(F.broadcast(fps_df), [FP_A, FP_B], "left_semi")
             if len(corr.part_a):  # duplicated rows: a shuffle of the wanted rows only
@@ -272,13 +268,8 @@ class Complete:
         tasks = max(1, -(-corr.inserted // self.ctx.opts.max_rows_per_file))
         if corr.inserts_all_desired:
             return hashed.repartition(tasks)
-        keys = pa.table(
-            {
-                FP_A: np.concatenate([corr.whole_a, corr.part_a]),
-                FP_B: np.concatenate([corr.whole_b, corr.part_b]),
-                _N: np.concatenate([corr.whole_n, corr.part_n]),
-            }
-        )
+        want_a, want_b, want_n = corr.insert_keys()
+        keys = pa.table({FP_A: want_a, FP_B: want_b, _N: want_n})
         keys_df = from_arrow(self.ctx.batch.sparkSession, keys, f"{FP_A} long, {FP_B} long, {_N} long")
         keys_df = self.ctx.limit.small_side(keys_df, keys.num_rows, long_row_bytes(3), most=BROADCAST_ROWS)
         rows = hashed.join(keys_df, [FP_A, FP_B])
@@ -362,9 +353,7 @@ def _copies(got: Fingerprints, corr: Correction) -> I64 | None:
     inserted ``n`` times, its earliest copies, then its first again until there are ``n``
     (equal fingerprints, equal rows). None unless ``got`` holds exactly the fingerprints
     inserted."""
-    want_a = np.concatenate([corr.whole_a, corr.part_a])
-    want_b = np.concatenate([corr.whole_b, corr.part_b])
-    want_n = np.concatenate([corr.whole_n, corr.part_n])
+    want_a, want_b, want_n = corr.insert_keys()
     order = np.lexsort((got.b, got.a))  # stable: equal fingerprints keep their fetch order
     a, b = got.a[order], got.b[order]
     new = np.ones(len(order), dtype=bool)

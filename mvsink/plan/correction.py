@@ -41,6 +41,14 @@ class Correction:
     """The desired rows (indices into desired) to insert: every copy of a ``whole``
     fingerprint, the first ``part_n`` copies of a ``part`` one."""
 
+    def insert_keys(self) -> tuple[I64, I64, I64]:
+        """Every fingerprint inserted (``whole`` then ``part``) and how many copies of each."""
+        return (
+            np.concatenate([self.whole_a, self.part_a]),
+            np.concatenate([self.whole_b, self.part_b]),
+            np.concatenate([self.whole_n, self.part_n]),
+        )
+
     @property
     def whole_copies(self) -> int:
         return int(self.whole_n.sum())

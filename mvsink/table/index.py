@@ -209,8 +209,9 @@ class PersistedIndex:
 
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
-        self._packed: FileEntry | None = None
-        """Every entry of the last ``persisted`` in one pair of arrays; the entries are views."""
+        self._packed: tuple[tuple[str, ...], FileEntry] | None = None
+        """The files of the last ``persisted``, in order, and their entries in one pair of
+        arrays (the entries are views of it)."""
         self._digest: str | None = None
         self._calls = 0
 
@@ -274,26 +275,13 @@ class PersistedIndex:
             return Fingerprints.empty()
         sizes = np.array([len(e) for e in entries], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        packed = self._packed
-        if (
-            packed is not None
-            and len(packed.a) == int(sizes.sum())
-            and all(_views(e, packed, int(s)) for e, s in zip(entries, starts, strict=True))
-        ):
-            return Fingerprints(packed.a, packed.b, starts=starts)
+        # An identity names one file's rows for good: the same files, the same packing.
+        identities = tuple(f.identity for f in files)
+        if self._packed is not None and self._packed[0] == identities:
+            return Fingerprints(self._packed[1].a, self._packed[1].b, starts=starts)
         a = np.concatenate([e.a for e in entries])
         b = np.concatenate([e.b for e in entries])
-        self._packed = FileEntry(a, b)
+        self._packed = (identities, FileEntry(a, b))
         for f, s, n in zip(files, starts, sizes, strict=True):
             self._files[f.identity] = FileEntry(a[s : s + n], b[s : s + n])
         return Fingerprints(a, b, starts=starts)
-
-
-def _views(entry: FileEntry, packed: FileEntry, start: int) -> bool:
-    """Whether ``entry`` is the part of ``packed`` from row ``start`` on."""
-
-    def at(part: I64, whole: I64) -> bool:
-        offset = part.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
-        return part.base is whole and offset == 8 * start
-
-    return at(entry.a, packed.a) and at(entry.b, packed.b)
