@@ -79,7 +79,7 @@ from mvsink.errors import (
 from mvsink.ops.promote import promote
 from mvsink.plan.append import Append
 from mvsink.plan.complete import Complete
-from mvsink.plan.context import DriverBudget, EpochContext
+from mvsink.plan.context import DriverBudget, EpochContext, give_back_memory
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
 from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
@@ -426,6 +426,7 @@ class _Epoch:
             raise
         finally:
             self.mode.close()
+            give_back_memory()
 
     def _attempts(self) -> EpochReport:
         opts, policy, ctx = self.opts, self.opts.retry, self.ctx

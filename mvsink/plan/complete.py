@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from mvsink.compat import from_arrow, release
-from mvsink.plan.context import EpochContext, long_row_bytes
+from mvsink.plan.context import EpochContext, give_back_memory, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
@@ -205,6 +205,7 @@ class Complete:
             # share one buffer): the driver holds desired's fingerprints twice only meanwhile.
             a, b = _lane(table, FP_A), _lane(table, FP_B)
             del table
+            give_back_memory(heap=False)  # the diff's working arrays take the pages instead
             self.fps = Fingerprints(a, b)
         return True
 

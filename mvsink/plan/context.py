@@ -4,6 +4,8 @@ and the driver's result limit (``ResultLimit``), which every collect of an epoch
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 import logging
 import re
@@ -31,6 +33,27 @@ def parse_bytes(text: str) -> int | None:
     """A Spark size (``"8m"``, ``"1g"``, ``"512k"``, ``"1024"``) in bytes; None if it is none."""
     found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)i?b?\s*", text.lower())
     return int(found.group(1)) * _UNITS[found.group(2)] if found else None
+
+
+def _libc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_trim()
+
+
+def give_back_memory(heap: bool = True) -> None:
+    """Return to the OS the memory an epoch freed: Arrow's pool keeps freed pages for reuse,
+    and glibc keeps freed heap (``heap``). The driver of a view of N rows holds its index,
+    16 bytes a row, between epochs; without this it held ~60 a row, and an epoch's peak rose on
+    top of what the last one left. Milliseconds."""
+    pa.default_memory_pool().release_unused()
+    if heap and _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 _FINGERPRINT_ROW = 24
