@@ -136,6 +136,55 @@ def test_rows_of_empty_files_are_located_in_the_next_file() -> None:
     assert list(file) == [1, 1, 3, 3, 3] and list(pos) == [0, 1, 0, 1, 2]
 
 
+def test_a_bucket_is_the_top_bits_of_the_first_lane() -> None:
+    from mvsink.plan.correction import BUCKET_BITS, _bucket
+
+    lane = np.random.default_rng(3).integers(-(2**63), 2**63 - 1, 10_000)
+    lane[:4] = [-1, 0, -(2**63), 2**63 - 1]
+    top = lane.view(np.uint64) >> np.uint64(64 - BUCKET_BITS)
+    assert np.array_equal(_bucket(lane), top.astype(np.uint8))
+
+
+def test_the_index_packs_once_and_numbers_files_in_the_callers_order() -> None:
+    """``PersistedIndex`` packs its entries into one pair of arrays once; asked again over
+    the same files in another order, or after packing ahead (``pack``), it copies nothing,
+    and every row is located in its file by the caller's numbering."""
+    from mvsink.table.delta import DataFile
+    from mvsink.table.index import FileEntry, PersistedIndex
+
+    files = [DataFile(f"part-{k}.parquet", 10, n) for k, n in enumerate([3, 0, 2, 4])]
+    index = PersistedIndex()
+    for k, f in enumerate(files):
+        n = f.num_records or 0
+        index.put(f.identity, FileEntry(np.arange(n) + 100 * k, np.arange(n) - 100 * k))
+
+    def rows_by_file(fps: Fingerprints) -> dict[int, list[tuple[int, int, int]]]:
+        file, pos = fps.locate(np.arange(len(fps)))
+        out: dict[int, list[tuple[int, int, int]]] = {}
+        for r in range(len(fps)):
+            out.setdefault(int(file[r]), []).append((int(pos[r]), int(fps.a[r]), int(fps.b[r])))
+        return {f: sorted(v) for f, v in out.items()}
+
+    first = index.persisted(files)
+    shuffled = [files[2], files[0], files[3], files[1]]
+    again = index.persisted(shuffled)
+    assert again.a is first.a and again.b is first.b  # not packed again
+    expect = {
+        k: [(p, p + 100 * j, p - 100 * j) for p in range(files[j].num_records or 0)]
+        for k, j in ((0, 2), (1, 0), (2, 3))
+    }
+    assert rows_by_file(again) == expect
+    # A commit: file 0 leaves, a new file comes; packed ahead, the next epoch copies nothing.
+    index.forget([files[0].identity])
+    new = DataFile("part-9.parquet", 10, 2)
+    index.put(new.identity, FileEntry(np.array([7, 8]), np.array([-7, -8])))
+    index.pack()
+    packed = index.entry(new.identity).a.base
+    after = index.persisted([new, files[3], files[2], files[1]])
+    assert after.a is packed
+    assert rows_by_file(after) == {0: [(0, 7, -7), (1, 8, -8)], 1: expect[2], 2: expect[0]}
+
+
 def test_a_big_diff_runs_by_buckets_and_gives_the_one_diff() -> None:
     """Past ``_BUCKET_ROWS``, by buckets: a million persisted rows in 20 files; desired has
     100 of them changed, 200 gone, 10 held twice and 5 new."""

@@ -83,6 +83,9 @@ class Complete:
         self.fps: Fingerprints | None = None
         # The frames cached by the current attempt (distributed path).
         self.attempt: list[SparkCorrection | DataFrame] = []
+        # Whether a driver diff's correction committed: the index packs the new version's
+        # entries at close, once desired's fingerprints are gone (``PersistedIndex.pack``).
+        self.repack = False
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx = self.ctx
@@ -98,8 +101,12 @@ class Complete:
         assert self.fps is not None
         with ctx.phase("index"):
             ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
+            persisted = self.index.persisted(snap.files)
+            give_back_memory()  # entries read into Arrow are packed into numpy now
         with ctx.phase("diff"):
-            corr = diff(self.fps, self.index.persisted(snap.files))
+            corr = diff(self.fps, persisted)
+            del persisted
+            give_back_memory()  # the diff's working arrays
             drops = corr.retracted_positions()
         if self._whole_is_cheaper(snap, corr, drops):
             return self._whole(snap, corr, drops, rules)
@@ -201,12 +208,9 @@ class Complete:
                 raise_broken(ctx.batch.select(*cols), rules, broken[0].as_py(), ctx.where)
         ctx.checked_rules = rules
         if self.fps is None:
-            # The Arrow buffers go as soon as the lanes are copied out (both lanes of a batch
-            # share one buffer): the driver holds desired's fingerprints twice only meanwhile.
-            a, b = _lane(table, FP_A), _lane(table, FP_B)
+            batches = table.to_batches()
             del table
-            give_back_memory(heap=False)  # the diff's working arrays take the pages instead
-            self.fps = Fingerprints(a, b)
+            self.fps = _drain(batches)
         return True
 
     def _fetch(self, corr: Correction) -> tuple[pa.Table, I64, I64] | None:
@@ -335,6 +339,7 @@ class Complete:
         self.index.forget([f.identity for f in staged.removes])
         for path, entry in staged.entries.items():
             self.index.put(path, entry)
+        self.repack = self.fps is not None
         if self.stored is not None:  # the stored entries of files that left (off the epoch's path)
             kept = {f.key for f in staged.updates}  # a new vector leaves the file's entry as it is
             self.stored.forget([f.key for f in staged.removes if f.key not in kept], wait=False)
@@ -346,6 +351,9 @@ class Complete:
         if self.cached is not None and self.ours:
             release(self.cached)
         self.cached = None
+        if self.repack:
+            give_back_memory()  # desired's lanes may be Arrow's: gone before the copy
+            self.index.pack()
 
 
 def _copies(got: Fingerprints, corr: Correction) -> I64 | None:
@@ -375,3 +383,29 @@ def _copies(got: Fingerprints, corr: Correction) -> I64 | None:
 
 def _lane(table: pa.Table, name: str) -> I64:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+
+_DRAIN_BYTES = 16 << 20
+"""Arrow bytes of collected batches freed between two returns of Arrow's pages to the OS."""
+
+
+def _drain(batches: list[pa.RecordBatch]) -> Fingerprints:
+    """The fingerprints of collected ``batches``, consumed: each batch goes once its lanes are
+    copied out, and its pages go back to the OS every ``_DRAIN_BYTES``, so the driver never
+    holds desired's fingerprints twice (16 bytes a row, not 32)."""
+    n = sum(batch.num_rows for batch in batches)
+    a, b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    batches.reverse()
+    at = freed = 0
+    while batches:
+        batch = batches.pop()
+        end = at + batch.num_rows
+        a[at:end] = batch.column(FP_A).to_numpy()
+        b[at:end] = batch.column(FP_B).to_numpy()
+        at, freed = end, freed + batch.nbytes
+        del batch
+        if freed >= _DRAIN_BYTES:
+            give_back_memory()
+            freed = 0
+    give_back_memory()
+    return Fingerprints(a, b)

@@ -102,7 +102,7 @@ def _sorted_runs(a: I64, b: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
 
 
 BUCKET_BITS = 4
-"""A big diff runs as ``2 ** BUCKET_BITS`` smaller ones, by these top bits of each
+"""(At most 8.) A big diff runs as ``2 ** BUCKET_BITS`` smaller ones, by these top bits of each
 fingerprint's first lane:
 equal fingerprints share a bucket, so each bucket's multisets are complete. The buckets' working
 arrays are a sixteenth of the view each and reused, where one diff over everything would touch
@@ -119,9 +119,7 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         raise ValueError("persisted fingerprints need file and pos, or starts")
     if nd + np_ < _BUCKET_ROWS:
         return _bucket_diff(desired, persisted, None, None)
-    shift = np.uint64(64 - BUCKET_BITS)
-    d_bucket = (desired.a.view(np.uint64) >> shift).astype(np.uint8)
-    p_bucket = (persisted.a.view(np.uint64) >> shift).astype(np.uint8)
+    d_bucket, p_bucket = _bucket(desired.a), _bucket(persisted.a)
     parts = [
         _bucket_diff(desired, persisted, np.flatnonzero(d_bucket == k), np.flatnonzero(p_bucket == k))
         for k in range(1 << BUCKET_BITS)
@@ -138,6 +136,13 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         whole_n=np.concatenate([c.whole_n for c in parts]),
         insert_rows=np.sort(np.concatenate([c.insert_rows for c in parts])),
     )
+
+
+def _bucket(lane: I64) -> npt.NDArray[np.uint8]:
+    """Each value's bucket, its top ``BUCKET_BITS`` bits, read from its top byte: a byte a
+    row where a shift of the whole values would take eight."""
+    top = lane.view(np.uint8)[7::8] if np.little_endian else lane.view(np.uint8)[::8]
+    return top >> np.uint8(8 - BUCKET_BITS)
 
 
 def _bucket_diff(

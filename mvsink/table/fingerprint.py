@@ -63,14 +63,15 @@ _SPARK_SEED = np.uint64(42)  # xxhash64's seed in Spark SQL (not settable there)
 @dataclass(frozen=True)
 class Fingerprints:
     """Row fingerprints. Of persisted rows, where each lives: its file number and position
-    (``file``, ``pos``), or each file's first row when the rows are in file order
-    (``starts``)."""
+    (``file``, ``pos``), or each file's first row when the rows lie file after file
+    (``starts``), the files in the order of their numbers unless ``numbers`` gives each one's."""
 
     a: I64
     b: I64
     file: I64 | None = None
     pos: I64 | None = None
     starts: I64 | None = None
+    numbers: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.a)
@@ -90,7 +91,8 @@ class Fingerprints:
         # An empty file starts where the next does: the last file starting at or before a row
         # holds it.
         file = np.searchsorted(self.starts, rows, side="right").astype(np.int64) - 1
-        return file, rows - self.starts[file]
+        pos = rows - self.starts[file]
+        return (file if self.numbers is None else self.numbers[file]), pos
 
     @staticmethod
     def empty() -> Fingerprints:

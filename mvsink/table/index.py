@@ -219,6 +219,8 @@ class PersistedIndex:
         return self._files[path]
 
     def put(self, path: str, entry: FileEntry) -> None:
+        if self._packed is not None and path in self._files and self._files[path] is not entry:
+            self._packed = None  # the packing must hold exactly the entries held
         self._files[path] = entry
 
     def forget(self, paths: Iterable[str]) -> None:
@@ -264,24 +266,45 @@ class PersistedIndex:
         return sum(1 for _, read in loaded if read)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
-        """The persisted side over ``files``, in their order (``starts``: file numbers index
-        into ``files``).
+        """The persisted side over ``files`` (file numbers index into ``files``).
 
         The entries are packed into one pair of arrays, and from then on held as views of it:
         the driver holds each row's fingerprint once (16 bytes), not a copy per epoch. Packed
-        already (no file came or went since), nothing is copied."""
-        entries = [self._files[f.identity] for f in files]
-        if not entries:
+        already over these files (in any order), nothing is copied."""
+        if not files:
             return Fingerprints.empty()
-        sizes = np.array([len(e) for e in entries], dtype=np.int64)
+        numbered = {f.identity: k for k, f in enumerate(files)}
+        if (
+            self._packed is None
+            or len(self._packed[0]) != len(numbered)
+            or not all(i in numbered for i in self._packed[0])
+        ):
+            self._pack(tuple(numbered))
+        assert self._packed is not None
+        identities, whole = self._packed
+        sizes = np.array([len(self._files[i]) for i in identities], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        numbers = np.array([numbered[i] for i in identities], dtype=np.int64)
+        return Fingerprints(whole.a, whole.b, starts=starts, numbers=numbers)
+
+    def pack(self) -> None:
+        """Pack the entries held now, ahead of the next ``persisted``: called once an epoch's
+        own arrays are gone, so that the old packing and the new never meet desired's
+        fingerprints in memory (the old one goes once every entry is a view of the new)."""
+        self._pack(tuple(self._files))
+
+    def _pack(self, identities: tuple[str, ...]) -> None:
         # An identity names one file's rows for good: the same files, the same packing.
-        identities = tuple(f.identity for f in files)
         if self._packed is not None and self._packed[0] == identities:
-            return Fingerprints(self._packed[1].a, self._packed[1].b, starts=starts)
-        a = np.concatenate([e.a for e in entries])
-        b = np.concatenate([e.b for e in entries])
+            return
+        total = sum(len(self._files[i]) for i in identities)
+        a, b = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
+        self._packed = None
+        start = 0
+        for i in identities:  # each entry as it is copied becomes a view: a loaded one goes
+            entry = self._files[i]
+            end = start + len(entry)
+            a[start:end], b[start:end] = entry.a, entry.b
+            self._files[i] = FileEntry(a[start:end], b[start:end])
+            start = end
         self._packed = (identities, FileEntry(a, b))
-        for f, s, n in zip(files, starts, sizes, strict=True):
-            self._files[f.identity] = FileEntry(a[s : s + n], b[s : s + n])
-        return Fingerprints(a, b, starts=starts)
