@@ -9,16 +9,65 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mvsink.epoch.cadence import Cadence
 from mvsink.errors import ConfigError, Where
 from mvsink.table.catalog import check_name, is_path
 from mvsink.table.delta import REMOTE_SCHEMES, nested
+from mvsink.table.record import app_id, now_ms
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Every ``epochs`` epochs, or every ``seconds`` seconds, since the view's last commit:
+    when ``heartbeat`` and ``refresh_every`` let a complete-mode epoch create a version
+    (``epoch/decide.py`` says which epochs commit whatever the cadence)."""
+
+    epochs: int | None = None
+    seconds: float | None = None
+
+    @staticmethod
+    def parse(value: int | str) -> Cadence:
+        """A number of epochs (an int, or digits) or a duration; ``0`` means every epoch."""
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number of epochs or a duration like '10m', got {value!r}")
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+            n = int(value)
+            if n < 0:
+                raise ValueError(f"a number of epochs must be >= 0, got {n}")
+            return Cadence(epochs=max(n, 1))
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(
+                f"expected a number of epochs or a duration like '250ms', '30s', '10m', '2h', '1d'; "
+                f"got {value!r}"
+            )
+        return Cadence(seconds=float(match.group(1)) * _UNIT[match.group(2)])
+
+    @property
+    def always(self) -> bool:
+        return self.epochs == 1 or self.seconds == 0
+
+    def due(self, *, epochs_since: int | None, last_at_ms: int | None, now: int | None = None) -> bool:
+        """Whether the epoch ``epochs_since`` epochs after the last commit (None: unknown),
+        ``last_at_ms`` after its time (None: unknown), is due. Unknown counts as due."""
+        if self.always:
+            return True
+        if self.epochs is not None:
+            return epochs_since is None or epochs_since >= self.epochs
+        assert self.seconds is not None
+        if last_at_ms is None:
+            return True
+        return (now_ms() if now is None else now) - last_at_ms >= self.seconds * 1000
+
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -99,7 +148,7 @@ class SinkOptions(_Frozen):
     heartbeat: int | str = "10m"
     """Complete mode: an epoch with nothing to change commits (a version that only moves the
     frontier) only when this many epochs, or this long (``"30s"``, ``"10m"``, ``"1h"``), passed
-    since the view's last commit (``cadence.py``). ``0``: every epoch commits. Upsert and
+    since the view's last commit (``Cadence``). ``0``: every epoch commits. Upsert and
     append mode commit every epoch."""
     refresh_every: int | str | None = None
     """Complete mode: advance the view only every this many epochs, or this often (a
@@ -284,7 +333,7 @@ class SinkOptions(_Frozen):
     @property
     def app_id(self) -> str:
         """The Delta app id under which this view's frontier is recorded."""
-        return f"mvsink:{self.name}"
+        return app_id(self.name)
 
     @classmethod
     def build(cls, **kwargs: Any) -> SinkOptions:

@@ -9,7 +9,7 @@ Outcome = Literal[
     "committed", "unchanged", "between_refreshes", "replay", "before_as_of", "read_only", "fenced"
 ]
 """``unchanged``: nothing to change and no heartbeat due, so no version; ``between_refreshes``:
-not a refresh epoch (``refresh_every``): the batch ran, nothing was compared (``cadence.py``)."""
+not a refresh epoch (``refresh_every``): the batch ran, nothing was compared (``epoch/decide.py``)."""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,6 @@ from pyspark.sql import DataFrame
 from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, release, spark_reason
 from mvsink.config import SinkOptions
-from mvsink.epoch.cadence import at_key, now_ms
 from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time
 from mvsink.epoch.clock import transactions as clock_transactions
 from mvsink.epoch.decide import Clocked, Skip, decide
@@ -88,6 +87,7 @@ from mvsink.table.catalog import CatalogUnavailable, is_path, locate
 from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier, table_root
 from mvsink.table.index import PersistedIndex
+from mvsink.table.record import EpochRecord, Keys, now_ms
 from mvsink.table.schema import (
     check_fits,
     check_roles,
@@ -310,7 +310,7 @@ class MVSink:
         every = self.options.compact_every
         if not every or report.outcome != "committed" or report.upper is None:
             return False
-        last = read_frontier(self.target, f"{self.options.app_id}#compacted", self.options.storage_options)
+        last = read_frontier(self.target, Keys(self.options.app_id).compacted, self.options.storage_options)
         # A new lineage restarts epoch numbers: a last mark above the frontier is another's.
         since = report.upper - (last if last is not None and last <= report.upper else 0)
         return since >= every
@@ -641,8 +641,8 @@ class _Epoch:
     def _transactions(self, desc: BatchDescription, lineage: Lineage, writers: Writers) -> dict[str, int]:
         """What a commit records besides the frontier: the epoch's time under a shared clock,
         else its lineage's standing; the active writer's promotion, again; and when it was
-        made (``cadence.py``)."""
-        at = {at_key(self.opts.app_id): now_ms()}
+        made (``record.Keys.at``)."""
+        at = {Keys(self.opts.app_id).at: now_ms()}
         if self.time is not None:
             clock = clock_transactions(
                 self.opts.app_id, self.time, lineage.name, self.opts.writer, desc.upper
@@ -669,37 +669,26 @@ class _Epoch:
     def _metadata(
         self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int
     ) -> dict[str, str]:
-        taken = {"mvsink.takeover": str((lineage.owner or 0) + 1)} if desc.takeover else {}
-        writer = self.opts.writer or f"{socket.gethostname()}:{os.getpid()}"
-        # What DESCRIBE HISTORY shows a person (its userMetadata column); the mvsink.* keys
-        # below are the same facts for tools.
-        summary = (
-            f"mvsink view {self.opts.name} epoch {self.epoch}: +{staged.inserted} -{staged.retracted} rows, "
-            f"files +{len(staged.adds) + len(staged.updates)} -{len(staged.removes)}"
-            f"{f' ({len(staged.updates)} with new deletion vectors)' if staged.updates else ''}, "
-            f"frontier {desc.upper}, lineage {lineage.name}, writer {writer}"
-        )
-        return {
-            "userMetadata": summary,
-            **taken,
-            "mvsink.lineage": lineage.name,
-            **({"mvsink.time": json.dumps(self.time, sort_keys=True)} if self.time is not None else {}),
-            "mvsink.view": self.opts.name,
-            "mvsink.mode": self.opts.mode,
-            "mvsink.epoch": str(self.epoch),
-            "mvsink.lower": "" if desc.lower is None else str(desc.lower),
-            "mvsink.upper": str(desc.upper),
-            "mvsink.writer": writer,
-            "mvsink.inserted": str(staged.inserted),
-            "mvsink.retracted": str(staged.retracted),
-            "mvsink.files_added": str(len(staged.adds) + len(staged.updates)),
-            **({"mvsink.deletion_vectors": str(len(staged.updates))} if staged.updates else {}),
-            "mvsink.files_removed": str(len(staged.removes)),
-            **({"mvsink.whole": "true"} if self.ctx.whole else {}),
-            "mvsink.attempts": str(attempt),
-            "mvsink.seconds": f"{time.monotonic() - self.started:.3f}",
-            "mvsink.phases": json.dumps({k: round(v, 3) for k, v in self.ctx.phases.items()}, sort_keys=True),
-        }
+        return EpochRecord(
+            view=self.opts.name,
+            mode=self.opts.mode,
+            epoch=self.epoch,
+            lower=desc.lower,
+            upper=desc.upper,
+            lineage=lineage.name,
+            writer=self.opts.writer or f"{socket.gethostname()}:{os.getpid()}",
+            inserted=staged.inserted,
+            retracted=staged.retracted,
+            files_added=len(staged.adds) + len(staged.updates),
+            files_removed=len(staged.removes),
+            attempts=attempt,
+            seconds=time.monotonic() - self.started,
+            phases=self.ctx.phases,
+            deletion_vectors=len(staged.updates),
+            whole=self.ctx.whole,
+            time=self.time,
+            takeover=(lineage.owner or 0) + 1 if desc.takeover else None,
+        ).metadata()
 
     def _report(
         self,

@@ -15,9 +15,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mvsink"
 LAYERS: list[set[str]] = [
     {"errors", "report", "compat", "_version", "failpoints"},
     {"table"},
-    {"epoch"},
     {"config"},
     {"plan"},
+    {"epoch"},
     {"ops", "sources"},
     {"sink"},
     {"cli", "demo", "__init__"},

@@ -54,11 +54,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from mvsink.errors import ConfigError, Where
+from mvsink.table.record import Keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from mvsink.epoch.options import EpochOptions
+    from mvsink.config import SinkOptions
     from mvsink.table.delta import Snapshot
     from mvsink.table.storage import Store
 
@@ -99,7 +100,7 @@ def read_checkpoint_file(
     return bytes(data.to_pybytes()).decode()
 
 
-def _offsets(opts: EpochOptions, batch_id: int, where: Where) -> Time:
+def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:
     """The end offsets Spark recorded for ``batch_id`` (``offsets/<id>``), as a time."""
     assert opts.checkpoint is not None
     text = read_checkpoint_file(opts.checkpoint, f"offsets/{batch_id}", opts.storage_options, where)
@@ -153,7 +154,7 @@ def source_parts(name: str, offset: Any, where: Where) -> dict[str, int]:
     return parts
 
 
-def epoch_time(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -> Time | None:
+def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) -> Time | None:
     """The epoch's time under the sink's clock (None: the batch id clock)."""
     clock = opts.clock
     if clock == "batch_id":
@@ -169,7 +170,7 @@ def epoch_time(batch: DataFrame, epoch: int, opts: EpochOptions, where: Where) -
     return _offsets(opts, epoch, where)
 
 
-def batch_start(epoch: int, opts: EpochOptions, where: Where, before: Time | None = None) -> Time | None:
+def batch_start(epoch: int, opts: SinkOptions, where: Where, before: Time | None = None) -> Time | None:
     """Where the batch's data starts (see the module doc), or None where that is not known.
     ``before``: a callable clock's time of the batch before this one, if this process saw it."""
     if callable(opts.clock):
@@ -181,7 +182,7 @@ def batch_start(epoch: int, opts: EpochOptions, where: Where, before: Time | Non
     return _first_start(opts, where)
 
 
-def _first_start(opts: EpochOptions, where: Where) -> Time | None:
+def _first_start(opts: SinkOptions, where: Where) -> Time | None:
     """Where a query's first batch starts, source by source, from what its checkpoint holds
     (None: some source's start is not recorded)."""
     assert opts.checkpoint is not None
@@ -224,7 +225,7 @@ def _is_kafka(offset: Any) -> bool:
     )
 
 
-def _kafka_initial(opts: EpochOptions, source: int, where: Where) -> Any:
+def _kafka_initial(opts: SinkOptions, source: int, where: Where) -> Any:
     """The initial offsets Spark's Kafka source recorded for the query (``sources/<n>/0``: a
     zero byte, ``v1``, then the offsets as JSON), or None without them."""
     assert opts.checkpoint is not None
@@ -246,8 +247,8 @@ def continues(snap: Snapshot, app_id: str, lineage: str, writer: str | None, epo
     """Whether the committed time is the one this writer recorded for ``epoch - 1`` of
     ``lineage``: then ``epoch`` starts exactly where the view stands."""
     return (
-        snap.transaction(f"{app_id}~{_BY}") == committer_tag(lineage, writer)
-        and snap.transaction(f"{app_id}~{_UPPER}") == epoch
+        snap.transaction(Keys(app_id).clock(_BY)) == committer_tag(lineage, writer)
+        and snap.transaction(Keys(app_id).clock(_UPPER)) == epoch
     )
 
 
@@ -282,6 +283,7 @@ _MISSING = -(2**63)  # below every offset: where a time has no such part
 _PARTS = "#parts"  # a name no part has (parts are dotted names of offsets' fields)
 _BY = "#by"  # the lineage whose commit recorded the committed time
 _UPPER = "#upper"  # and that commit's upper
+_NAMES = "names"  # the set of part names a commit before parts were counted had (legacy)
 
 
 def committed_time(snap: Snapshot, app_id: str, time: Time) -> Time | None:
@@ -292,10 +294,11 @@ def committed_time(snap: Snapshot, app_id: str, time: Time) -> Time | None:
     (A commit is made only when its time is ahead, so it has every part of the committed time
     before it: the parts recorded in the table are those of the last commit, and ``~#parts``
     says how many there are.)"""
-    found = {n: v for n in time if (v := snap.transaction(f"{app_id}~{n}")) is not None}
-    count = snap.transaction(f"{app_id}~{_PARTS}")
+    keys = Keys(app_id)
+    found = {n: v for n in time if (v := snap.transaction(keys.clock(n))) is not None}
+    count = snap.transaction(keys.clock(_PARTS))
     if count is None:
-        if snap.transaction(f"{app_id}~names") is None:
+        if snap.transaction(keys.clock(_NAMES)) is None:
             return None  # never committed under a clock
         return _legacy(snap, app_id, time, found)
     if count > len(found):
@@ -309,11 +312,12 @@ def _legacy(snap: Snapshot, app_id: str, time: Time, found: dict[str, int]) -> T
     ``<n>.delta``) and every other part as now, and tagged the set of names it had (``~names``):
     a time whose old names are another set (a source with no offset then or now, another
     Kafka partition) is not comparable, as it was not then."""
+    keys = Keys(app_id)
     for name in time:
         if name.endswith(".delta") and name not in found:
             source = name.removesuffix(".delta")
-            version = snap.transaction(f"{app_id}~{source}.reservoirVersion")
-            index = snap.transaction(f"{app_id}~{source}.index")
+            version = snap.transaction(keys.clock(f"{source}.reservoirVersion"))
+            index = snap.transaction(keys.clock(f"{source}.index"))
             if version is not None and index is not None:
                 rank = _DELTA_SPECIAL_INDEX.get(index, index + 3 if index >= 0 else None)
                 if rank is None:
@@ -321,8 +325,8 @@ def _legacy(snap: Snapshot, app_id: str, time: Time, found: dict[str, int]) -> T
                 else:
                     found[name] = version << _DELTA_INDEX_BITS | rank
     digest = hashlib.sha256("\n".join(sorted(time.legacy)).encode()).hexdigest()[:16]
-    tag = snap.transaction(f"{app_id}~names")
-    if not time.legacy or snap.transaction(f"{app_id}~names@{digest}") != tag:
+    tag = snap.transaction(keys.clock(_NAMES))
+    if not time.legacy or snap.transaction(keys.clock(f"{_NAMES}@{digest}")) != tag:
         found[_OTHER_PARTS] = 0
     return Time.of(found)
 
@@ -345,12 +349,13 @@ def transactions(app_id: str, time: Time, lineage: str, writer: str | None, uppe
     number, and the lineage and upper of the commit (``continues``). (``~names`` = -1 matches
     no tag of mvsink before parts were counted: a replica still running such a version finds
     the committed time incomparable and writes nothing.)"""
+    keys = Keys(app_id)
     return {
-        **{f"{app_id}~{k}": v for k, v in time.items()},
-        f"{app_id}~{_PARTS}": len(time),
-        f"{app_id}~{_BY}": committer_tag(lineage, writer),
-        f"{app_id}~{_UPPER}": upper,
-        f"{app_id}~names": -1,
+        **{keys.clock(k): v for k, v in time.items()},
+        keys.clock(_PARTS): len(time),
+        keys.clock(_BY): committer_tag(lineage, writer),
+        keys.clock(_UPPER): upper,
+        keys.clock(_NAMES): -1,
     }
 
 
@@ -430,7 +435,7 @@ def stall_notes(store: Store, snap: Snapshot, view: str) -> list[dict[str, Any]]
             continue
         if not isinstance(note, dict) or not isinstance(note.get("time"), dict):
             continue
-        now = committed_time(snap, f"mvsink:{view}", Time.of(note["time"]))
+        now = committed_time(snap, Keys.of(view).app_id, Time.of(note["time"]))
         if now == note.get("committed"):
             out.append(note)
     return out

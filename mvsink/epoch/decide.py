@@ -22,8 +22,18 @@ written. Each reason is decided here, once, in this order:
    also with ``on_new_lineage = "adopt"``, which accepts the loss knowingly).
 
 A ``Commit`` says whether it lands even with an empty correction (``always``). Otherwise an
-empty correction writes no version when no heartbeat is due (``cadence.py``): the report
-says ``unchanged``.
+empty correction writes no version when no heartbeat is due: the report says ``unchanged``.
+
+The cadence (``config.Cadence``: a number of epochs or a duration) is counted since the view's
+last commit, read from the target, never kept in memory, so a restart or a replica sees the
+same: in epochs, ``epoch + 1 - frontier`` of the epoch's lineage; in time, the app transaction
+``#at`` every commit records (``table/record.py``). ``heartbeat`` lets a quiet complete-mode
+view make a version only that often (the frontier still moves often enough for replay
+detection and app-transaction retention); ``refresh_every`` advances the view only when a
+refresh is due, and a due refresh commits even when nothing changed. What must land always
+commits: a view's first commit, a lineage taking the view over or recording itself for the
+first time. Upsert and append mode commit every epoch: there a version is the proof that an
+epoch was applied (only a complete batch repairs everything, so only complete mode skips).
 
 Whatever the answer, the micro-batch still runs to its end (``EpochContext.drain``). Spark
 fails a stateful ``foreachBatch`` whose batch did not.
@@ -36,13 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from mvsink.epoch.cadence import Cadence, at_key
+from mvsink.config import Cadence, SinkOptions
 from mvsink.epoch.clock import Time, Verdict, committed_time, compare, continues
 from mvsink.epoch.lineage import Lineage, Writers
 from mvsink.epoch.mint import BatchDescription, mint
-from mvsink.epoch.options import EpochOptions
 from mvsink.errors import LineageError, Where
 from mvsink.table.delta import Snapshot
+from mvsink.table.record import Keys
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +106,7 @@ Decision = Commit | Skip
 def decide(
     snap: Snapshot,
     epoch: int,
-    opts: EpochOptions,
+    opts: SinkOptions,
     *,
     lineage: str,
     time: Time | None,
@@ -168,7 +178,7 @@ def decide(
     return Commit(desc, held, writers, always)
 
 
-def _not_active(opts: EpochOptions, where: Where) -> Skip:
+def _not_active(opts: SinkOptions, where: Where) -> Skip:
     """Another writer was promoted: this sink writes nothing, whatever its epoch (reason 3)."""
     log.warning(
         "%s: writer %s is not the view's active writer (another was promoted); this epoch writes nothing",
@@ -178,7 +188,7 @@ def _not_active(opts: EpochOptions, where: Where) -> Skip:
     return Skip("fenced", entitled=False)
 
 
-def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions) -> bool:
+def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: SinkOptions) -> bool:
     """Whether the epoch must commit even with nothing to change (``Commit.always``), before
     any cadence: every epoch in upsert and append mode; in complete mode, one that creates the
     table, takes the view over or records its lineage for the first time."""
@@ -188,20 +198,20 @@ def _always(snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: Epoc
 
 
 def _due(
-    cadence: Cadence, snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: EpochOptions
+    cadence: Cadence, snap: Snapshot, desc: BatchDescription, lineage: Lineage, opts: SinkOptions
 ) -> bool:
     """Whether ``cadence`` is due: counted in epochs since the lineage's last commit (not
     known under a shared clock, or before the lineage committed: due), or in time since the
     view's last commit."""
     own = lineage.frontier if lineage.owns else None
     since = None if desc.clocked or own is None else desc.upper - own
-    return cadence.due(epochs_since=since, last_at_ms=snap.transaction(at_key(opts.app_id)))
+    return cadence.due(epochs_since=since, last_at_ms=snap.transaction(Keys(opts.app_id).at))
 
 
 def _check_gap(
     desc: BatchDescription,
     epoch: int,
-    opts: EpochOptions,
+    opts: SinkOptions,
     clock: Clocked | None,
     batch_start: Callable[[], Time | None],
     continued: Callable[[], bool],

@@ -35,7 +35,6 @@ epoch is below it).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,11 +42,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mvsink.errors import ConfigError, LineageError, Where
+from mvsink.table.record import Keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from mvsink.epoch.options import EpochOptions
+    from mvsink.config import SinkOptions
     from mvsink.table.delta import Snapshot
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ DIRECT = "direct"
 """The lineage of direct calls when the ``lineage`` option is not given."""
 
 
-def lineage_of(batch: DataFrame, query: str | None, opts: EpochOptions, where: Where) -> str:
+def lineage_of(batch: DataFrame, query: str | None, opts: SinkOptions, where: Where) -> str:
     """The lineage of an epoch: the ``lineage`` option; else the streaming query running the
     batch (``query``: its id from ``epoch.query``, else from the ``checkpoint`` option's
     metadata, as under Spark Connect, where the driver's properties are out of reach); else
@@ -92,7 +92,7 @@ def _in_connect_foreach_batch(batch: DataFrame) -> bool:
     return remote and bool(os.environ.get("SPARK_CONNECT_LOCAL_URL"))
 
 
-def _checkpoint_query_id(opts: EpochOptions, where: Where) -> str:
+def _checkpoint_query_id(opts: SinkOptions, where: Where) -> str:
     """The query id a streaming checkpoint records (``<checkpoint>/metadata``)."""
     from mvsink.epoch.clock import read_checkpoint_file
 
@@ -104,10 +104,6 @@ def _checkpoint_query_id(opts: EpochOptions, where: Where) -> str:
         raise ConfigError(
             f"checkpoint {opts.checkpoint} has no query id in its metadata: {exc}", where
         ) from None
-
-
-def _digest(lineage: str) -> str:
-    return hashlib.sha256(lineage.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -125,13 +121,13 @@ class Lineage:
 
     @staticmethod
     def read(snap: Snapshot, app_id: str, name: str) -> Lineage:
-        d = _digest(name)
+        keys = Keys(app_id)
         return Lineage(
             name,
             app_id,
-            snap.transaction(f"{app_id}#owner"),
-            snap.transaction(f"{app_id}#gen@{d}"),
-            snap.transaction(f"{app_id}@{d}"),
+            snap.transaction(keys.owner),
+            snap.transaction(keys.generation(name)),
+            snap.transaction(keys.lineage_frontier(name)),
         )
 
     @property
@@ -151,13 +147,13 @@ class Lineage:
     def transactions(self, upper: int) -> dict[str, int]:
         """The app transactions a commit of this lineage at ``upper`` records (besides the
         frontier): its own frontier, and, unless it owns the view, the next generation."""
-        d = _digest(self.name)
+        keys = Keys(self.app_id)
         # (Tables whose app transactions expire are refused: delta.TRANSACTION_RETENTION.)
         generation = self.owner if self.owns and self.owner is not None else (self.owner or 0) + 1
         return {
-            f"{self.app_id}@{d}": upper,
-            f"{self.app_id}#owner": generation,
-            f"{self.app_id}#gen@{d}": generation,
+            keys.lineage_frontier(self.name): upper,
+            keys.owner: generation,
+            keys.generation(self.name): generation,
         }
 
     def refuse_new(self, mode: str, where: Where) -> None:
@@ -185,8 +181,9 @@ class Writers:
 
     @staticmethod
     def read(snap: Snapshot, app_id: str, writer: str | None) -> Writers:
-        mine = None if writer is None else snap.transaction(f"{app_id}#writer@{_digest(writer)}")
-        return Writers(app_id, writer, snap.transaction(f"{app_id}#active"), mine)
+        keys = Keys(app_id)
+        mine = None if writer is None else snap.transaction(keys.writer(writer))
+        return Writers(app_id, writer, snap.transaction(keys.active), mine)
 
     @property
     def is_active(self) -> bool:
@@ -201,14 +198,13 @@ class Writers:
         """What a commit of the active writer records again, so the promotion never expires."""
         if not self.is_active or self.writer is None or self.active is None:
             return {}
-        return {
-            f"{self.app_id}#active": self.active,
-            f"{self.app_id}#writer@{_digest(self.writer)}": self.active,
-        }
+        keys = Keys(self.app_id)
+        return {keys.active: self.active, keys.writer(self.writer): self.active}
 
     def promotion(self) -> dict[str, int]:
         """The app transactions that make ``writer`` the active writer."""
         if self.writer is None:
             raise ValueError("a promotion needs a writer name")
         n = (self.active or 0) + 1
-        return {f"{self.app_id}#active": n, f"{self.app_id}#writer@{_digest(self.writer)}": n}
+        keys = Keys(self.app_id)
+        return {keys.active: n, keys.writer(self.writer): n}

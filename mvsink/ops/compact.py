@@ -34,6 +34,7 @@ from mvsink.table.catalog import locate
 from mvsink.table.delta import DataFile, Snapshot, compare_and_append, load_snapshot
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex
+from mvsink.table.record import Keys, compact_metadata
 from mvsink.table.schema import check_cluster_by, target_struct
 from mvsink.table.storage import Store, Written
 from mvsink.table.write import Layout, clustered
@@ -82,9 +83,10 @@ def compact(
     where = Where(name, target)
     target = locate(target, where)
     policy = retry or RetryPolicy()
+    keys = Keys.of(name)
     small = max(2, max_rows_per_file // 4) if small_rows is None else small_rows
     for attempt in range(1, policy.max_attempts + 1):
-        snap = load_snapshot(target, f"mvsink:{name}", options, where, engine=engine)
+        snap = load_snapshot(target, keys.frontier, options, where, engine=engine)
         if not snap.exists or snap.schema_json is None:
             raise ConfigError("there is no Delta table to compact", where)
         if "rowTracking" in snap.features:
@@ -120,21 +122,14 @@ def compact(
                 store,
                 adds=[w.file for w in written],
                 removes=removes,
-                app_id=f"mvsink:{name}",
+                app_id=keys.app_id,
                 upper=None,
                 attempt_id=uuid.uuid4().hex,
-                metadata={
-                    "userMetadata": f"mvsink compact view {name}: files -{len(removes)} "
-                    f"+{len(written)}, no row changed",
-                    "mvsink.view": name,
-                    "mvsink.operation": "compact",
-                    "mvsink.files_removed": str(len(removes)),
-                    "mvsink.files_added": str(len(written)),
-                },
+                metadata=compact_metadata(name, len(removes), len(written)),
                 schema_json=snap.schema_json,
                 partition_by=snap.partition_by,
                 where=where,
-                transactions={f"mvsink:{name}#compacted": snap.frontier or 0},
+                transactions={keys.compacted: snap.frontier or 0},
                 data_change=False,
             )
         except ConflictError:  # known not to have landed

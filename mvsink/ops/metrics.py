@@ -18,8 +18,6 @@ alike (``s3://`` and ``s3a://`` are two targets here).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +27,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from mvsink.errors import StorageError, Where
-from mvsink.table.delta import history, metadata_int, table_root
+from mvsink.table.delta import history, table_root
+from mvsink.table.record import EpochCommit, metrics_app_id
 from mvsink.table.storage import Store
 
 log = logging.getLogger(__name__)
@@ -58,8 +57,7 @@ SCHEMA = pa.schema(
 
 
 def app_id(view: str, target: str) -> str:
-    digest = hashlib.sha256(table_root(target).encode()).hexdigest()[:16]
-    return f"mvsink-metrics:{view}@{digest}"
+    return metrics_app_id(view, table_root(target))
 
 
 def record(
@@ -92,11 +90,9 @@ def record(
                 return 0
             start = max(-1 if last is None else last, upto - MAX_BACKFILL)
             commits = history(Store(table_root(target), options or {}), upto, upto - start)
-            rows = [
-                _row(c, view, target)
-                for c in commits
-                if start < int(c["version"]) <= upto and c.get("mvsink.view") == view and "mvsink.epoch" in c
-            ]
+            parsed = (EpochCommit.parse(c) for c in commits)
+            mine = [c for c in parsed if c is not None and c.view == view]
+            rows = [_row(c, target) for c in mine if start < c.version <= upto]
             rows.sort(key=lambda r: r["version"])
             rows_table = pa.Table.from_pylist(rows, schema=SCHEMA)
         except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
@@ -128,24 +124,20 @@ def record(
     return 0
 
 
-def _row(commit: Mapping[str, Any], view: str, target: str) -> dict[str, Any]:
-    def number(key: str) -> int | None:
-        return metadata_int(commit.get(key))
-
-    seconds = commit.get("mvsink.seconds")
+def _row(commit: EpochCommit, target: str) -> dict[str, Any]:
     return {
-        "view": view,
+        "view": commit.view,
         "target": target,
-        "version": int(commit["version"]),
-        "committed_at": int(commit.get("timestamp") or 0),
-        "epoch": number("mvsink.epoch"),
-        "lineage": commit.get("mvsink.lineage"),
-        "writer": commit.get("mvsink.writer"),
-        "inserted": number("mvsink.inserted"),
-        "retracted": number("mvsink.retracted"),
-        "files_added": number("mvsink.files_added"),
-        "files_removed": number("mvsink.files_removed"),
-        "attempts": number("mvsink.attempts"),
-        "seconds": float(seconds) if seconds not in (None, "") else None,
-        "phases": commit.get("mvsink.phases") or json.dumps({}),
+        "version": commit.version,
+        "committed_at": commit.timestamp or 0,
+        "epoch": commit.epoch,
+        "lineage": commit.lineage,
+        "writer": commit.writer,
+        "inserted": commit.inserted,
+        "retracted": commit.retracted,
+        "files_added": commit.files_added,
+        "files_removed": commit.files_removed,
+        "attempts": commit.attempts,
+        "seconds": commit.seconds,
+        "phases": commit.phases,
     }

@@ -15,6 +15,7 @@ from mvsink.epoch.lineage import Writers
 from mvsink.errors import ConfigError, Where
 from mvsink.table.catalog import locate
 from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
+from mvsink.table.record import app_id, promote_metadata
 from mvsink.table.storage import Store
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,7 @@ def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
         app_id=options.app_id,
         upper=None,
         attempt_id=uuid.uuid4().hex,
-        metadata={
-            "userMetadata": f"mvsink promote view {options.name}: writer {options.writer} is active",
-            "mvsink.view": options.name,
-            "mvsink.promoted": str(options.writer),
-        },
+        metadata=promote_metadata(options.name, str(options.writer)),
         schema_json=snap.schema_json,
         partition_by=snap.partition_by,
         where=where,
@@ -63,4 +60,4 @@ def promote_on(snap: Snapshot, options: SinkOptions, where: Where) -> int:
 
 def frontier(target: str, name: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The frontier (upper) of view ``name`` in the Delta table at ``target``, or None."""
-    return read_frontier(locate(target, Where(name, target)), f"mvsink:{name}", storage_options or {})
+    return read_frontier(locate(target, Where(name, target)), app_id(name), storage_options or {})

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mvsink.epoch.cadence import at_key
 from mvsink.epoch.clock import stall_notes
 from mvsink.errors import Where
 from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
 from mvsink.table.delta import history as delta_history
-from mvsink.table.delta import load_snapshot, metadata_int
+from mvsink.table.delta import load_snapshot
+from mvsink.table.record import PROMOTED, EpochCommit, Keys, promotions, views_of
 from mvsink.table.storage import Store
 
 FORMAT = 1
@@ -153,15 +153,13 @@ def status(
     options = dict(storage_options or {})
     where = Where(name, target)
     target = locate(target, where)
-    snap = load_snapshot(target, f"mvsink:{name or ''}", options, where, writing=False)
+    snap = load_snapshot(target, Keys.of(name or "").frontier, options, where, writing=False)
     if not snap.exists:
         return Status(target, None, 0, 0, 0, 0, small_rows, (), history)
     # The history ends at the version the figures describe.
     assert snap.version is not None
     commits = delta_history(Store(snap.root, options), snap.version, history)
-    names = sorted(
-        {str(c["mvsink.view"]) for c in commits if "mvsink.view" in c} | ({name} if name else set())
-    )
+    names = sorted(views_of(commits) | ({name} if name else set()))
     if name:
         names = [name]
     assert snap.version is not None
@@ -183,32 +181,33 @@ def status(
 def _view(
     snap: Any, view: str, commits: list[dict[str, Any]], stalled: list[dict[str, Any]], store: Store
 ) -> ViewStatus:
-    app = f"mvsink:{view}"
-    mine = [c for c in commits if c.get("mvsink.view") == view and "mvsink.epoch" in c]
-    newest = max(mine, key=lambda c: int(c["version"])) if mine else None
+    keys = Keys.of(view)
+    parsed = (EpochCommit.parse(c) for c in commits)
+    mine = [c for c in parsed if c is not None and c.view == view]
+    newest = max(mine, key=lambda c: c.version) if mine else None
     last = None
     if newest is not None:
         last = LastCommit(
-            version=int(newest["version"]),
-            timestamp_ms=int(newest.get("timestamp") or snap.transaction(at_key(app)) or 0),
-            epoch=metadata_int(newest.get("mvsink.epoch")),
-            inserted=metadata_int(newest.get("mvsink.inserted")) or 0,
-            retracted=metadata_int(newest.get("mvsink.retracted")) or 0,
-            lineage=newest.get("mvsink.lineage"),
-            writer=newest.get("mvsink.writer"),
+            version=newest.version,
+            timestamp_ms=newest.timestamp or snap.transaction(keys.at) or 0,
+            epoch=newest.epoch,
+            inserted=newest.inserted or 0,
+            retracted=newest.retracted or 0,
+            lineage=newest.lineage,
+            writer=newest.writer,
         )
-    attempts = [metadata_int(c.get("mvsink.attempts")) or 1 for c in mine]
-    active = snap.transaction(f"{app}#active")
+    attempts = [c.attempts or 1 for c in mine]
+    active = snap.transaction(keys.active)
     writer = None
     if active is not None:
-        promotions = [c for c in commits if c.get("mvsink.view") == view and "mvsink.promoted" in c]
-        newest_promotion = max(promotions, key=lambda c: int(c["version"])) if promotions else None
-        writer = str(newest_promotion["mvsink.promoted"]) if newest_promotion else f"#{active}"
-    at = snap.transaction(at_key(app)) or (last.timestamp_ms if last else None)
+        promoted = promotions(commits, view)
+        newest_promotion = max(promoted, key=lambda c: int(c["version"])) if promoted else None
+        writer = str(newest_promotion[PROMOTED]) if newest_promotion else f"#{active}"
+    at = snap.transaction(keys.at) or (last.timestamp_ms if last else None)
     return ViewStatus(
         view=view,
-        frontier=snap.transaction(app),
-        owner_generation=snap.transaction(f"{app}#owner"),
+        frontier=snap.transaction(keys.frontier),
+        owner_generation=snap.transaction(keys.owner),
         active_writer=writer,
         last_commit=last,
         versions_behind=None if last is None else snap.version - last.version,
@@ -216,7 +215,7 @@ def _view(
         commits=len(mine),
         retried_commits=sum(1 for a in attempts if a > 1),
         conflicts=sum(a - 1 for a in attempts),
-        committed_time=json.loads(newest["mvsink.time"]) if newest and "mvsink.time" in newest else None,
+        committed_time=newest.time if newest else None,
         tombstones=tombstones.count(store, snap, view),
         stalled=tuple(stalled),
     )

@@ -36,6 +36,7 @@ from mvsink.table.catalog import locate
 from mvsink.table.delta import _US_PER_HOUR, RETENTION, Snapshot, load_snapshot, table_retention_us
 from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
 from mvsink.table.jvm_delta import Refused
+from mvsink.table.record import PREFIX
 from mvsink.table.schema import target_struct
 from mvsink.table.storage import Store
 from mvsink.table.write import Layout
@@ -75,7 +76,7 @@ def vacuum(
     options = dict(storage_options or {})
     where = Where(None, target)
     target = locate(target, where)
-    snap = load_snapshot(target, "mvsink:", options, where)
+    snap = load_snapshot(target, PREFIX, options, where)
     if not snap.exists:
         raise ConfigError("there is no Delta table to vacuum", where)
     store = Store(snap.root, options)

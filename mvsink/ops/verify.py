@@ -29,6 +29,7 @@ from mvsink.table.catalog import locate
 from mvsink.table.delta import Snapshot, load_snapshot
 from mvsink.table.fingerprint import FP_A, FP_B
 from mvsink.table.index import StoredIndex
+from mvsink.table.record import app_id
 from mvsink.table.schema import check_fits, check_supported, stored_struct, target_struct
 from mvsink.table.storage import Store
 from mvsink.table.write import Layout, raise_task_errors
@@ -104,7 +105,7 @@ def verify(
     check_supported(desired.schema, where)
     stored = stored_struct(desired.schema, None)
     snap = load_snapshot(
-        target, f"mvsink:{name or ''}", options, where, writing=False, spark=desired.sparkSession
+        target, app_id(name or ""), options, where, writing=False, spark=desired.sparkSession
     )
     if not snap.exists or snap.schema_json is None:
         raise ConfigError("there is no Delta table to verify (check the path)", where)

@@ -52,6 +52,7 @@ from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.delta import RETENTION, Snapshot, table_retention_us
 from mvsink.table.index import HIDDEN
+from mvsink.table.record import Keys
 from mvsink.table.storage import Store
 from mvsink.table.write import SideFiles, in_task
 
@@ -69,12 +70,11 @@ DRIVER_TOMBSTONES = 2_000_000
 more goes to the distributed path, where tasks read, join and write it)."""
 PART_ROWS = 1_000_000
 """Tombstones a part file of a set written by tasks holds, about."""
-_RECORD = "#tombstones"
 
 
 def record(app_id: str) -> str:
     """The app transaction naming the view's current set."""
-    return f"{app_id}{_RECORD}"
+    return Keys(app_id).tombstones
 
 
 def root(view: str) -> str:
@@ -101,7 +101,7 @@ def retention_ms(option: str | None, configuration: Mapping[str, str | None], wh
     table's ``delta.deletedFileRetentionDuration`` as Delta reads it (7 days unset). A table
     retention mvsink does not read as Delta does, or one that is not positive, is refused: a
     shorter retention than meant would let late events bring deleted keys back."""
-    from mvsink.epoch.cadence import Cadence
+    from mvsink.config import Cadence
 
     if option is not None:
         seconds = Cadence.parse(option).seconds
@@ -151,7 +151,7 @@ class Manifest:
 
 def count(store: Store, snap: Snapshot, view: str) -> int | None:
     """How many tombstones the view's current set holds (None: it keeps none)."""
-    number = current(snap, f"mvsink:{view}")
+    number = current(snap, Keys.of(view).app_id)
     return None if number is None else Manifest.read(store, view, number).rows
 
 

@@ -45,7 +45,6 @@ from pyspark.sql.types import (
 )
 
 from mvsink.compat import release
-from mvsink.epoch.cadence import now_ms
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
@@ -55,6 +54,7 @@ from mvsink.plan.rules import RULE, Rules, broken_error, checked, rules_for
 from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
+from mvsink.table.record import now_ms
 from mvsink.table.storage import Store
 from mvsink.table.write import (
     IO_THREADS,

@@ -47,10 +47,10 @@ from mvsink.errors import (
     Where,
     first_line,
 )
+from mvsink.table import record
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_KEY = "mvsink.attempt"
 """Commit metadata key holding the unique id of the attempt that made the commit."""
 # delta-rs runs checkpointing and log cleanup after writing the commit file and reports their
 # failure as the commit's: we turn them off and run them ourselves, best-effort.
@@ -660,7 +660,7 @@ def compare_and_append(
     * ``ConflictError``: another commit holds the version; ours cannot land, delete the files;
     * ``CommitOutcomeUnknownError``: the log could not say; the files must be kept.
 
-    ``attempt_id`` is written into the commit metadata (``ATTEMPT_KEY``); it is how a failed
+    ``attempt_id`` is written into the commit metadata (``record.ATTEMPT``); it is how a failed
     call is told apart from a landed one, read from the version's own log file in
     ``log_files`` (the table's storage). Checkpointing and log cleanup run after the commit,
     best-effort: their failure is logged, never the epoch's.
@@ -671,7 +671,7 @@ def compare_and_append(
         AddAction(f.path, f.size, dict(f.partition_values), now, data_change, f.stats) for f in adds
     ]
     props = CommitProperties(
-        custom_metadata={**metadata, ATTEMPT_KEY: attempt_id},
+        custom_metadata={**metadata, record.ATTEMPT: attempt_id},
         max_commit_retries=0,
         app_transactions=[
             *([Transaction(app_id, upper, now)] if upper is not None else []),
@@ -875,7 +875,7 @@ def commit_attempt(log_files: LogFiles, version: int) -> str | None:
         # No commitInfo at all: it may be ours (a writer told not to record one), so it
         # proves nothing either way; the caller keeps the staged files.
         raise MVSinkError(f"version {version} records no commitInfo: whose commit it is cannot be told")
-    return str(entry.get(ATTEMPT_KEY, ""))
+    return str(entry.get(record.ATTEMPT, ""))
 
 
 def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
@@ -896,7 +896,7 @@ def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
         if isinstance(info, dict):
             tags = info.get("tags")
             if isinstance(tags, dict):
-                info = {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **info}
+                info = {**record.tags(tags), **info}
             return {**info, "version": version}
     return {"version": version}
 
@@ -961,14 +961,6 @@ def foreign_append(target: str, rows: Sequence[Mapping[str, Any]]) -> None:
 def foreign_delete(target: str, predicate: str) -> None:
     """Delete rows as another writer would, with delta-rs's SQL-like predicate."""
     DeltaTable(table_root(target)).delete(predicate)
-
-
-def metadata_int(value: Any) -> int | None:
-    """An integer mvsink wrote into commit metadata (a string), or None if absent or not one."""
-    try:
-        return None if value in (None, "") else int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 RETENTION = "delta.deletedFileRetentionDuration"

@@ -1,0 +1,285 @@
+"""What mvsink records in a Delta table's log, and reads back: the one place that spells it.
+
+Two kinds of records, both written in the same commit as the data they describe:
+
+* **App transactions** (``txn`` actions: an app id and a number, kept in every snapshot and
+  checkpoint), all under the view's app id ``mvsink:<view>`` (``Keys``):
+
+  ======================================  ====================================================
+  ``mvsink:<view>``                       the frontier: the upper of the view's last epoch
+  ``mvsink:<view>#at``                    when the view last committed (ms since 1970)
+  ``mvsink:<view>#compacted``             the frontier the last compaction ran at
+  ``mvsink:<view>#owner``                 the generation of the lineage owning the view
+  ``mvsink:<view>#gen@<L>``               the generation lineage ``L`` took the view at
+  ``mvsink:<view>@<L>``                   the upper of lineage ``L``'s last commit
+  ``mvsink:<view>#active``                the number of the last promotion of a writer
+  ``mvsink:<view>#writer@<W>``            the promotion that made writer ``W`` active
+  ``mvsink:<view>#tombstones``            the number of the view's current tombstone set
+  ``mvsink:<view>~<part>``                a part of the committed clock time, and ``~#parts``,
+                                          ``~#by``, ``~#upper``, ``~names`` (``epoch/clock.py``)
+  ======================================  ====================================================
+
+  (``<L>`` and ``<W>`` are digests of the lineage's and the writer's names.)
+
+* **Commit metadata**: ``mvsink.*`` keys of the commit info (delta-rs writes them at its top
+  level, the JVM Delta into its ``tags``; ``table/delta.commit_info`` reads either), one set
+  per kind of commit: an epoch (``EpochRecord``), a compaction (``compact_metadata``), a
+  promotion (``promote_metadata``), each naming its view (``VIEW``). ``ATTEMPT`` names the
+  attempt that made a commit, so a commit whose outcome was unknown can be found.
+
+Readers (``ops/status.py``, ``ops/metrics.py``, ``ops/verify.py``, ``ops/vacuum.py``,
+``ops/compact.py``, ``ops/promote.py``, the JVM engine) parse through here as well: a new key is a
+change in this module only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time as _time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "mvsink:"
+"""Every app id mvsink records starts so; ``PREFIX`` alone names no view (``ops/vacuum``)."""
+
+VIEW = "mvsink.view"
+"""Commit metadata: the view a commit belongs to (every mvsink commit records it)."""
+EPOCH = "mvsink.epoch"
+"""Commit metadata of an epoch's commit: its epoch (tells an epoch from other commits)."""
+ATTEMPT = "mvsink.attempt"
+"""Commit metadata: the id of the attempt that made the commit (``table/delta.py``)."""
+MODE = "mvsink.mode"
+"""Commit metadata of an epoch's commit: the sink's mode (the JVM engine's output mode)."""
+LINEAGE = "mvsink.lineage"
+"""Commit metadata of an epoch's commit: its lineage (the JVM engine's query id)."""
+PROMOTED = "mvsink.promoted"
+"""Commit metadata of a promotion: the writer made active."""
+_PREFIX_META = "mvsink."
+
+
+def app_id(view: str) -> str:
+    """The app id of ``view``: its frontier's key, and the stem of every other key of it."""
+    return f"{PREFIX}{view}"
+
+
+def metrics_app_id(view: str, root: str) -> str:
+    """The app id under which the metrics table records the last version of ``view`` (in the
+    table at ``root``) that it holds rows of."""
+    return f"mvsink-metrics:{view}@{digest(root)}"
+
+
+def digest(name: str) -> str:
+    """A lineage's or a writer's name as it appears in a key."""
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def now_ms() -> int:
+    """The time recorded under ``Keys.at``: milliseconds since 1970."""
+    return int(_time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The app transactions of one view (the table in the module doc)."""
+
+    app_id: str
+
+    @staticmethod
+    def of(view: str) -> Keys:
+        return Keys(app_id(view))
+
+    @property
+    def frontier(self) -> str:
+        return self.app_id
+
+    @property
+    def at(self) -> str:
+        return f"{self.app_id}#at"
+
+    @property
+    def compacted(self) -> str:
+        return f"{self.app_id}#compacted"
+
+    @property
+    def owner(self) -> str:
+        return f"{self.app_id}#owner"
+
+    def generation(self, lineage: str) -> str:
+        return f"{self.app_id}#gen@{digest(lineage)}"
+
+    def lineage_frontier(self, lineage: str) -> str:
+        return f"{self.app_id}@{digest(lineage)}"
+
+    @property
+    def active(self) -> str:
+        return f"{self.app_id}#active"
+
+    def writer(self, writer: str) -> str:
+        return f"{self.app_id}#writer@{digest(writer)}"
+
+    @property
+    def tombstones(self) -> str:
+        return f"{self.app_id}#tombstones"
+
+    def clock(self, part: str) -> str:
+        """A part of the committed clock time (and the clock's own entries, whose names start
+        with ``#``, and the legacy ``names`` tags)."""
+        return f"{self.app_id}~{part}"
+
+
+def metadata_int(value: Any) -> int | None:
+    """An integer of commit metadata (the JVM Delta keeps tags as strings); None if absent or
+    not one."""
+    try:
+        return None if value in (None, "") else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What an epoch's commit records of itself, for people (``userMetadata``, shown by
+    ``DESCRIBE HISTORY``) and tools (the ``mvsink.*`` keys)."""
+
+    view: str
+    mode: str
+    epoch: int
+    lower: int | None
+    upper: int
+    lineage: str
+    writer: str
+    inserted: int
+    retracted: int
+    files_added: int
+    files_removed: int
+    attempts: int
+    seconds: float
+    phases: Mapping[str, float]
+    deletion_vectors: int = 0
+    """Files of ``files_added`` that are existing files with a new deletion vector."""
+    whole: bool = False
+    """The epoch wrote desired whole instead of correcting file by file."""
+    time: Mapping[str, int] | None = None
+    """The epoch's clock time (a shared clock only)."""
+    takeover: int | None = None
+    """The generation a lineage took the view over at, in this commit."""
+
+    def metadata(self) -> dict[str, str]:
+        """The commit metadata: ``userMetadata`` and the ``mvsink.*`` keys."""
+        vectors = f" ({self.deletion_vectors} with new deletion vectors)" if self.deletion_vectors else ""
+        summary = (
+            f"mvsink view {self.view} epoch {self.epoch}: +{self.inserted} -{self.retracted} rows, "
+            f"files +{self.files_added} -{self.files_removed}{vectors}, "
+            f"frontier {self.upper}, lineage {self.lineage}, writer {self.writer}"
+        )
+        return {
+            "userMetadata": summary,
+            **({"mvsink.takeover": str(self.takeover)} if self.takeover is not None else {}),
+            LINEAGE: self.lineage,
+            **({"mvsink.time": json.dumps(dict(self.time), sort_keys=True)} if self.time is not None else {}),
+            VIEW: self.view,
+            MODE: self.mode,
+            EPOCH: str(self.epoch),
+            "mvsink.lower": "" if self.lower is None else str(self.lower),
+            "mvsink.upper": str(self.upper),
+            "mvsink.writer": self.writer,
+            "mvsink.inserted": str(self.inserted),
+            "mvsink.retracted": str(self.retracted),
+            "mvsink.files_added": str(self.files_added),
+            **({"mvsink.deletion_vectors": str(self.deletion_vectors)} if self.deletion_vectors else {}),
+            "mvsink.files_removed": str(self.files_removed),
+            **({"mvsink.whole": "true"} if self.whole else {}),
+            "mvsink.attempts": str(self.attempts),
+            "mvsink.seconds": f"{self.seconds:.3f}",
+            "mvsink.phases": json.dumps({k: round(v, 3) for k, v in self.phases.items()}, sort_keys=True),
+        }
+
+
+@dataclass(frozen=True)
+class EpochCommit:
+    """An epoch's commit as read back from the log (``EpochRecord``'s keys, parsed leniently:
+    a field a commit lacks, or an older mvsink did not write, is None)."""
+
+    version: int
+    timestamp: int | None
+    view: str
+    epoch: int | None
+    mode: str | None
+    lineage: str | None
+    writer: str | None
+    inserted: int | None
+    retracted: int | None
+    files_added: int | None
+    files_removed: int | None
+    attempts: int | None
+    seconds: float | None
+    phases: str
+    """The phases as recorded: a JSON object."""
+    time: dict[str, int] | None
+
+    @staticmethod
+    def parse(info: Mapping[str, Any]) -> EpochCommit | None:
+        """The epoch commit ``info`` records (a commit info as ``table/delta.commit_info``
+        gives it), or None if it is not an epoch's commit."""
+        if VIEW not in info or EPOCH not in info:
+            return None
+        seconds = info.get("mvsink.seconds")
+        try:
+            secs = float(seconds) if seconds is not None else None
+        except ValueError:
+            secs = None
+        raw_time = info.get("mvsink.time")
+        return EpochCommit(
+            version=int(info["version"]),
+            timestamp=metadata_int(info.get("timestamp")),
+            view=str(info[VIEW]),
+            epoch=metadata_int(info.get(EPOCH)),
+            mode=info.get(MODE),
+            lineage=info.get(LINEAGE),
+            writer=info.get("mvsink.writer"),
+            inserted=metadata_int(info.get("mvsink.inserted")),
+            retracted=metadata_int(info.get("mvsink.retracted")),
+            files_added=metadata_int(info.get("mvsink.files_added")),
+            files_removed=metadata_int(info.get("mvsink.files_removed")),
+            attempts=metadata_int(info.get("mvsink.attempts")),
+            seconds=secs,
+            phases=str(info.get("mvsink.phases") or json.dumps({})),
+            time=json.loads(raw_time) if raw_time else None,
+        )
+
+
+def views_of(infos: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The views that commits ``infos`` belong to."""
+    return {str(c[VIEW]) for c in infos if VIEW in c}
+
+
+def promotions(infos: Sequence[Mapping[str, Any]], view: str) -> list[Mapping[str, Any]]:
+    """The commits of ``infos`` that promoted a writer of ``view``."""
+    return [c for c in infos if c.get(VIEW) == view and PROMOTED in c]
+
+
+def compact_metadata(view: str, removed: int, added: int) -> dict[str, str]:
+    """The commit metadata of a compaction of ``view``'s files."""
+    return {
+        "userMetadata": f"mvsink compact view {view}: files -{removed} +{added}, no row changed",
+        VIEW: view,
+        "mvsink.operation": "compact",
+        "mvsink.files_removed": str(removed),
+        "mvsink.files_added": str(added),
+    }
+
+
+def promote_metadata(view: str, writer: str) -> dict[str, str]:
+    """The commit metadata of a promotion of ``writer``."""
+    return {
+        "userMetadata": f"mvsink promote view {view}: writer {writer} is active",
+        VIEW: view,
+        PROMOTED: writer,
+    }
+
+
+def tags(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``mvsink.*`` keys of a commit's tags (the JVM Delta keeps custom metadata there)."""
+    return {k: v for k, v in info.items() if k.startswith(_PREFIX_META)}
