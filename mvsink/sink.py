@@ -426,7 +426,8 @@ class _Epoch:
             raise
         finally:
             self.mode.close()
-            give_back_memory()
+            if self.ctx.collected:
+                give_back_memory()
 
     def _attempts(self) -> EpochReport:
         opts, policy, ctx = self.opts, self.opts.retry, self.ctx

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,6 +184,15 @@ def test_the_index_packs_once_and_numbers_files_in_the_callers_order() -> None:
     after = index.persisted([new, files[3], files[2], files[1]])
     assert after.a is packed
     assert rows_by_file(after) == {0: [(0, 7, -7), (1, 8, -8)], 1: expect[2], 2: expect[0]}
+    # An entry packed, forgotten and held again (other rows: not a real file's, but the index
+    # must not tell): the packing goes with it.
+    index.forget([new.identity])
+    index.put(new.identity, FileEntry(np.array([5]), np.array([-5])))
+    again = index.persisted([new, files[3], files[2], files[1]])
+    assert again.a is not packed
+    assert rows_by_file(again) == {0: [(0, 5, -5)], 1: expect[2], 2: expect[0]}
+    with pytest.raises(ValueError, match="twice"):
+        index.persisted([new, new])
 
 
 def test_a_big_diff_runs_by_buckets_and_gives_the_one_diff() -> None:

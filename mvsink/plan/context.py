@@ -4,8 +4,6 @@ and the driver's result limit (``ResultLimit``), which every collect of an epoch
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import logging
 import re
@@ -36,10 +34,16 @@ def parse_bytes(text: str) -> int | None:
 
 
 def _libc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    """glibc's ``malloc_trim`` from the process's own symbols, or None where there is none
+    (musl, macOS, Windows)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        import ctypes
+
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+        if trim is not None:
+            trim.argtypes = [ctypes.c_size_t]
+        return trim
+    except Exception:
         return None
 
 
@@ -177,6 +181,9 @@ class EpochContext:
     checked_rules: Rules | None = None
     """The target rules the batch's rows were last found to keep."""
     files_read: int = 0
+    collected: bool = False
+    """Rows of the batch (or their fingerprints) came to the driver: the epoch's end gives
+    back the memory they took (``give_back_memory``)."""
     budget: DriverBudget = field(default_factory=DriverBudget)
     """Kept by the sink across epochs (``placement``)."""
     too_big: bool = False
@@ -250,6 +257,7 @@ class EpochContext:
                 return None
             table = collected
         self.budget.learn(table)
+        self.collected = True
         return table
 
     def drain(self) -> None:

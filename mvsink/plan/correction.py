@@ -141,7 +141,8 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
 def _bucket(lane: I64) -> npt.NDArray[np.uint8]:
     """Each value's bucket, its top ``BUCKET_BITS`` bits, read from its top byte: a byte a
     row where a shift of the whole values would take eight."""
-    top = lane.view(np.uint8)[7::8] if np.little_endian else lane.view(np.uint8)[::8]
+    raw = np.ascontiguousarray(lane).view(np.uint8)
+    top = raw[7::8] if np.little_endian else raw[::8]
     return top >> np.uint8(8 - BUCKET_BITS)
 
 

@@ -209,9 +209,10 @@ class PersistedIndex:
 
     def __init__(self) -> None:
         self._files: dict[str, FileEntry] = {}
-        self._packed: tuple[tuple[str, ...], FileEntry] | None = None
-        """The files of the last ``persisted``, in order, and their entries in one pair of
-        arrays (the entries are views of it)."""
+        self._packed: tuple[tuple[str, ...], FileEntry, frozenset[str], I64] | None = None
+        """The files last packed, in order; their entries in one pair of arrays (the entries
+        held are views of it); the same files as a set; where each file's rows start. It is
+        dropped whenever an entry it packed is forgotten or replaced."""
         self._digest: str | None = None
         self._calls = 0
 
@@ -219,13 +220,14 @@ class PersistedIndex:
         return self._files[path]
 
     def put(self, path: str, entry: FileEntry) -> None:
-        if self._packed is not None and path in self._files and self._files[path] is not entry:
+        if self._packed is not None and path in self._packed[2] and self._files.get(path) is not entry:
             self._packed = None  # the packing must hold exactly the entries held
         self._files[path] = entry
 
     def forget(self, paths: Iterable[str]) -> None:
         for p in paths:
-            self._files.pop(p, None)
+            if self._files.pop(p, None) is not None and self._packed is not None and p in self._packed[2]:
+                self._packed = None  # the packing must hold exactly the entries held
 
     def sweep_once(self, stored: StoredIndex, snap: Snapshot, where: Where) -> None:
         """Sweep the stored index (``StoredIndex.sweep``) once per ``SWEEP_EVERY`` calls, from
@@ -262,7 +264,7 @@ class PersistedIndex:
         with ThreadPoolExecutor(_THREADS) as pool:
             loaded = list(pool.map(load, missing))
         for f, (entry, _) in zip(missing, loaded, strict=True):
-            self._files[f.identity] = entry
+            self.put(f.identity, entry)
         return sum(1 for _, read in loaded if read)
 
     def persisted(self, files: Sequence[DataFile]) -> Fingerprints:
@@ -274,16 +276,12 @@ class PersistedIndex:
         if not files:
             return Fingerprints.empty()
         numbered = {f.identity: k for k, f in enumerate(files)}
-        if (
-            self._packed is None
-            or len(self._packed[0]) != len(numbered)
-            or not all(i in numbered for i in self._packed[0])
-        ):
+        if len(numbered) != len(files):
+            raise ValueError("a file is listed twice")
+        if self._packed is None or self._packed[2] != numbered.keys():
             self._pack(tuple(numbered))
         assert self._packed is not None
-        identities, whole = self._packed
-        sizes = np.array([len(self._files[i]) for i in identities], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        identities, whole, _, starts = self._packed
         numbers = np.array([numbered[i] for i in identities], dtype=np.int64)
         return Fingerprints(whole.a, whole.b, starts=starts, numbers=numbers)
 
@@ -295,16 +293,15 @@ class PersistedIndex:
 
     def _pack(self, identities: tuple[str, ...]) -> None:
         # An identity names one file's rows for good: the same files, the same packing.
-        if self._packed is not None and self._packed[0] == identities:
+        if self._packed is not None and self._packed[2] == set(identities):
             return
-        total = sum(len(self._files[i]) for i in identities)
+        sizes = np.array([len(self._files[i]) for i in identities], dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        total = int(sizes.sum())
         a, b = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.int64)
         self._packed = None
-        start = 0
-        for i in identities:  # each entry as it is copied becomes a view: a loaded one goes
-            entry = self._files[i]
-            end = start + len(entry)
-            a[start:end], b[start:end] = entry.a, entry.b
-            self._files[i] = FileEntry(a[start:end], b[start:end])
-            start = end
-        self._packed = (identities, FileEntry(a, b))
+        for i, start, n in zip(identities, starts.tolist(), sizes.tolist(), strict=True):
+            entry = self._files[i]  # each entry as it is copied becomes a view: a loaded one goes
+            a[start : start + n], b[start : start + n] = entry.a, entry.b
+            self._files[i] = FileEntry(a[start : start + n], b[start : start + n])
+        self._packed = (identities, FileEntry(a, b), frozenset(identities), starts)
