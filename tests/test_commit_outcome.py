@@ -81,7 +81,7 @@ def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, tar
         # A lost reply (then "version exists" on the client's retry of its own put).
         raise error("the commit was written but the reply was lost")
 
-    sink._after_commit_call = once(fail)
+    sink.state.after_commit_call = once(fail)
     desired = people(spark, range(2, 9))
     report = sink(desired, 1)
     assert report.outcome == "committed" and report.attempts == 1
@@ -102,7 +102,7 @@ def test_a_landed_commit_is_ours_though_another_landed_after_it(spark, target):
         MVSink(target, "other")(people(spark, range(3)), 0)  # a commit on top of ours
         raise OSError("the commit was written but the reply was lost")
 
-    sink._after_commit_call = once(another_then_fail)
+    sink.state.after_commit_call = once(another_then_fail)
     report = sink(people(spark, range(2, 9)), 1)
     assert report.outcome == "committed" and report.attempts == 1
     assert report.version == versions(target)[-2] and referenced_files_exist(target)
@@ -123,7 +123,7 @@ def test_a_landed_commit_without_commit_info_keeps_its_files(spark, local_target
             f.writelines(kept)
         raise OSError("the commit was written but the reply was lost")
 
-    sink._after_commit_call = once(strip_then_fail)
+    sink.state.after_commit_call = once(strip_then_fail)
     with pytest.raises(CommitOutcomeUnknownError, match="records no commitInfo"):
         sink(people(spark, range(2, 9)), 1)
     assert referenced_files_exist(local_target)
@@ -164,7 +164,7 @@ def test_when_the_log_cannot_tell_the_staged_files_are_kept(spark, local_target,
                 fh.write("not a directory")
         raise OSError("timeout after the commit request was sent")
 
-    sink._after_commit_call = once(storage_outage)
+    sink.state.after_commit_call = once(storage_outage)
     desired = people(spark, range(3, 9))
     on_disk = data_files_on_disk(target)
     with pytest.raises(CommitOutcomeUnknownError) as err:
@@ -188,7 +188,7 @@ def test_two_writers_creating_the_table_at_once_conflict_cleanly(spark, target):
     a = MVSink(target, "create", retry=RETRY_FAST)
     b = MVSink(target, "create", retry=RETRY_FAST)
     desired = people(spark, range(6))
-    a._before_commit = once(lambda: b(desired, 0))  # b creates the table first
+    a.state.before_commit = once(lambda: b(desired, 0))  # b creates the table first
     report = a(desired, 0)
     assert report.outcome == "replay" and report.attempts == 2
     assert versions(target) == [0]

@@ -74,7 +74,7 @@ def test_a_compaction_landing_inside_an_epoch_makes_the_epoch_retry(spark, local
     sink = MVSink(local_target, "v", max_rows_per_file=100)
     grow(spark, sink, 4)
     # Epoch 4 retracts a row held by a small file that a compaction merges away meanwhile.
-    sink._before_commit = once(lambda: compact(local_target, "v", max_rows_per_file=100))
+    sink.state.before_commit = once(lambda: compact(local_target, "v", max_rows_per_file=100))
     report = sink(people(spark, range(1, 20)), 4)
     assert report.attempts == 2 and report.outcome == "committed"
     assert_equal_to(local_target, people(spark, range(1, 20)))

@@ -45,7 +45,7 @@ def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spa
     def compact():
         compacted["metrics"] = DeltaTable(target).optimize.compact()
 
-    sink._before_commit = once(compact)
+    sink.state.before_commit = once(compact)
     desired = people(spark, [i for i in range(10) if i != 3])
     report = sink(desired, 1)
     assert compacted["metrics"]["numFilesRemoved"] >= 2  # the compaction really committed
@@ -60,7 +60,7 @@ def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spa
 def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, target, placement):
     sink = MVSink(target, "window", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
-    sink._before_commit = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
+    sink.state.before_commit = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
     desired = people(spark, range(6))
     report = sink(desired, 1)
     assert report.attempts == 2 and report.outcome == "committed"
@@ -72,7 +72,7 @@ def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target, plac
     b = MVSink(target, "rep", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
     desired = people(spark, range(2, 9))
-    a._before_commit = once(lambda: b(desired, 1))  # the twin commits epoch 1 first
+    a.state.before_commit = once(lambda: b(desired, 1))  # the twin commits epoch 1 first
     before = versions(target)
     report = a(desired, 1)
     assert report.outcome == "replay" and report.attempts == 2
@@ -86,7 +86,7 @@ def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target, pla
     a = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
     b = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
-    a._before_commit = once(lambda: b(people(spark, range(30, 33)), 2))
+    a.state.before_commit = once(lambda: b(people(spark, range(30, 33)), 2))
     report = a(people(spark, range(10)), 1)
     assert report.outcome == "replay"
     assert frontier(target, "newer") == 3
@@ -96,7 +96,7 @@ def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target, pla
 def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target, placement):
     sink = MVSink(target, "busy", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
-    sink._before_commit = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])
+    sink.state.before_commit = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])
     with pytest.raises(RetriesExhaustedError) as info:
         sink(people(spark, range(3)), 1)
     err = info.value

@@ -53,7 +53,7 @@ def test_status_reads_frontier_last_commit_lag_races_and_files(spark, target, ca
     sink = MVSink(target, "people", writer="blue", max_rows_per_file=4)
     sink(people(spark, range(10)), 0)
     # Epoch 1 loses one commit race to a foreign writer, then lands.
-    sink._before_commit = once(lambda: foreign_append(target, [{"id": 99, "name": "rogue", "x": 0.0}]))
+    sink.state.before_commit = once(lambda: foreign_append(target, [{"id": 99, "name": "rogue", "x": 0.0}]))
     report = sink(people(spark, range(12)), 1)
     assert report.attempts == 2
     foreign_append(target, [{"id": 98, "name": "later", "x": 0.0}])  # the view is one version behind

@@ -119,8 +119,8 @@ def test_rows_written_keep_the_rules_when_spark_evaluates_desired_again(
     """A nondeterministic desired, checked on its cached rows, then its cache blocks lost
     before the write (Spark computes them again, and they break a rule now): the rows the
     tasks write are checked again, and nothing is committed."""
+    import mvsink.epoch.run
     import mvsink.plan.complete
-    import mvsink.sink
 
     flip = str(tmp_path / "flip")
 
@@ -140,7 +140,7 @@ def test_rows_written_keep_the_rules_when_spark_evaluates_desired_again(
     if path != "initial load":
         sink(view(False), 0)
     monkeypatch.setattr(mvsink.plan.complete, "WHOLE_MIN_BYTES", 0)  # the table here is small
-    stage, plans = mvsink.sink.stage, []
+    stage, plans = mvsink.epoch.run.stage, []
 
     def evaluated_again(plan: Plan, *args: object, **kwargs: object) -> object:
         plans.append(plan)
@@ -148,7 +148,7 @@ def test_rows_written_keep_the_rules_when_spark_evaluates_desired_again(
         spark.catalog.clearCache()  # the cached batch's blocks are gone: Spark computes them again
         return stage(plan, *args, **kwargs)
 
-    monkeypatch.setattr(mvsink.sink, "stage", evaluated_again)
+    monkeypatch.setattr(mvsink.epoch.run, "stage", evaluated_again)
     before = (versions(local_target), data_files_on_disk(local_target))
     with pytest.raises(InputError, match="break the rule CHECK amount_pos") as err:
         sink(view(True), 0 if path == "initial load" else 1)

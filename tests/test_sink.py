@@ -340,7 +340,7 @@ def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothin
         staged = data_files_on_disk(target) - live_files(target)
         store(target).fs.delete_file(sorted(staged)[0])
 
-    sink._before_commit = vacuum_too_eager
+    sink.state.before_commit = vacuum_too_eager
     with pytest.raises(InvariantViolation, match="missing or changed before the commit"):
         sink(people(spark, range(5, 15)), 1)
     assert versions(target) == [0]

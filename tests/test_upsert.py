@@ -185,14 +185,14 @@ def test_upsert_replay_and_a_racing_replica(spark, target, placement):
     b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0}, placement=placement)
     a(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 0)
     batch = spark.createDataFrame([(2, "B", 2.0), (3, "C", 3.0)], SCHEMA)
-    a._before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
+    a.state.before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
     report = a(batch, 1)
     assert report.outcome == "replay" and report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
     n = len(versions(target))
     assert a(batch, 1).outcome == "replay" and len(versions(target)) == n
     # A foreign commit in the window makes the upsert retry against the new snapshot.
-    a._before_commit = once(lambda: foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
+    a.state.before_commit = once(lambda: foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
     report = a(spark.createDataFrame([(3, "C", 3.0)], SCHEMA), 2)
     assert report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
@@ -269,12 +269,12 @@ def test_a_delete_and_its_tombstone_land_together_or_not_at_all(spark, target):
     def crash(_snap: object) -> None:
         raise RuntimeError("the driver died before the commit")
 
-    sink._before_commit = crash
+    sink.state.before_commit = crash
     with pytest.raises(RuntimeError, match="driver died"):
         sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
     assert versions(target) == before and rows_of(target) == Counter([(1, "a", 10)])
     assert tombstone_sets(target) == set()  # the attempt's tombstone set went with it
-    sink._before_commit = None
+    sink.state.before_commit = None
     sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
     assert rows_of(target) == Counter() and len(tombstone_sets(target)) == 1
     sink(spark.createDataFrame([(1, "late", 11, False)], TOMB), 2)
@@ -294,7 +294,7 @@ def test_a_racing_replica_replans_against_the_tombstones_that_landed(spark, targ
         now["t"] = 2
         assert a(spark.createDataFrame([(1, None, 12, True)], TOMB), 1).outcome == "committed"
 
-    b._before_commit = once(delete_first)
+    b.state.before_commit = once(delete_first)
     now["t"] = 3
     report = b(spark.createDataFrame([(1, "late", 11, False)], TOMB), 0)
     assert (report.outcome, report.attempts) == ("committed", 2)

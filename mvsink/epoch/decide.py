@@ -7,7 +7,7 @@ written. Each reason is decided here, once, in this order:
 1. ``before_as_of``: the epoch precedes the ``as_of`` option (``mint.py``).
 2. ``replay``: the epoch is already reflected in its lineage's frontier, or, under a shared
    clock, its time is behind, equal to or incomparable with the committed time. Writing
-   would move the view back (invariant I1, ``sink.py``).
+   would move the view back (invariant I1, ``mvsink.epoch``).
 3. ``fenced``: the epoch's lineage was superseded (``lineage.py``), or another writer was
    promoted to active writer (then whatever the epoch's time: even a replay is ``fenced``,
    so nothing beside the view, such as its errors table, is written for it either). An old

@@ -622,6 +622,30 @@ def read_frontier(target: str, app_id: str, storage_options: Mapping[str, str]) 
     return None if version is None else int(version)
 
 
+@dataclass(frozen=True)
+class Landed:
+    """A commit that landed, as version ``version``."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A commit that did not land: another commit held the version (``reason`` says which).
+    Nothing can reference its files."""
+
+    reason: str
+
+
+def append(snap: Snapshot, log_files: LogFiles, **commit: Any) -> Landed | Lost:
+    """``compare_and_append`` with its outcome as a value: ``Landed`` or ``Lost``. An outcome
+    the log cannot tell raises ``CommitOutcomeUnknownError``: the commit may have landed."""
+    try:
+        return Landed(compare_and_append(snap, log_files, **commit))
+    except ConflictError as exc:
+        return Lost(exc.message)
+
+
 def compare_and_append(
     snap: Snapshot,
     log_files: LogFiles,

@@ -172,7 +172,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
         assert spark_rows(spark, target) == wanted[report.version]
     assert (report.retracted, report.inserted) == (1, 3)  # the repair of Delta's DML
     assert sink(view(spark, range(0, 3)), 2).outcome == "replay"  # the frontier, as a txn
-    sink._before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
+    sink.state.before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
     report = sink(view(spark, range(6, 25), tag="b"), 3)
     assert report.outcome == "committed" and report.attempts == 2
     wanted[report.version] = multiset(to_arrow(view(spark, range(6, 25), tag="b")), cols)
@@ -191,7 +191,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     def lost_reply() -> None:
         raise OSError("the commit was written but the reply was lost")
 
-    sink._after_commit_call = once(lost_reply)
+    sink.state.after_commit_call = once(lost_reply)
     report = sink(view(spark, range(6, 27), tag="b"), 4)
     assert report.outcome == "committed" and report.attempts == 1
     assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(6, 27), tag="b")), cols)
@@ -222,7 +222,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     from mvsink import promote
 
     frontier = sink.frontier()
-    sink._before_commit = once(lambda: promote(target, "v", "green"))
+    sink.state.before_commit = once(lambda: promote(target, "v", "green"))
     assert sink(view(spark, range(9, 30), tag="b"), 6).outcome == "fenced"
     assert sink.frontier() == frontier
 
@@ -303,7 +303,7 @@ def test_deltas_optimize_inside_an_epochs_commit_window_leaves_every_version_exa
     target = str(tmp_path / "view")
     sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0)
     sink(view(spark, range(0, 30)), 0)
-    sink._before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
+    sink.state.before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
     report = sink(view(spark, range(2, 30), tag="b"), 1)
     assert report.outcome == "committed" and report.attempts == 2
     sink(view(spark, range(4, 33), tag="c"), 2)
@@ -333,7 +333,9 @@ def test_deltas_vacuum_with_no_retention_inside_the_commit_window(spark, tmp_pat
         data = lambda: {p for p in store(target).files("") if not p.startswith("_")}  # noqa: E731
         before = data()
         frontier = sink.frontier()
-        sink._before_commit = once(lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect())
+        sink.state.before_commit = once(
+            lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect()
+        )
         with pytest.raises(InvariantViolation, match="staged file"):
             sink(view(spark, range(5, 31), tag="d"), 2)
         assert sink.frontier() == frontier  # nothing committed (the versions after are VACUUM's own)
@@ -970,7 +972,9 @@ def test_a_vector_keeps_the_files_exact_bounds_and_a_vacuumed_vector_is_never_co
     frontier = sink.frontier()
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     try:
-        sink._before_commit = once(lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect())
+        sink.state.before_commit = once(
+            lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect()
+        )
         with pytest.raises(Exception, match="missing or changed before the commit"):
             sink(spark.sql(rows.format(4)), 2)  # id 4 goes: only a vector, no added file
     finally:

@@ -1,0 +1,530 @@
+"""One epoch, top to bottom: the attempt loop of a sink's call, the stages of ``mvsink.epoch``
+(its doc has the diagram and the invariants) in order::
+
+    snapshot -> decide -> (Skip: drain, report) | plan -> stage -> commit -> report
+                                                                   (Lost: discard, back off, again)
+
+A commit's outcome is a value (``table/delta.append``: ``Landed`` or ``Lost``), or an error when
+the log cannot tell (``CommitOutcomeUnknownError``: the staged files are kept, I4).
+``SinkState`` is what a sink keeps between epochs; ``Epoch`` reads it and the options, never
+the sink object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, cast
+
+from pyspark.sql import DataFrame
+
+from mvsink import failpoints
+from mvsink.compat import is_dataframe, is_spark_error, spark_reason
+from mvsink.config import SinkOptions
+from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time
+from mvsink.epoch.clock import transactions as clock_transactions
+from mvsink.epoch.decide import Clocked, Commit, Skip, decide
+from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
+from mvsink.epoch.mint import BatchDescription
+from mvsink.epoch.query import check_output_mode, running_query
+from mvsink.errors import (
+    ConfigError,
+    InvariantViolation,
+    MVSinkError,
+    RetriesExhaustedError,
+    SparkJobError,
+    UnsupportedTableError,
+    Where,
+)
+from mvsink.plan.append import Append
+from mvsink.plan.complete import Complete
+from mvsink.plan.context import DriverBudget, EpochContext, give_back_memory
+from mvsink.plan.tombstones import Tombstones
+from mvsink.plan.upsert import Upsert
+from mvsink.report import EpochReport
+from mvsink.table.deletion_vectors import vector_files
+from mvsink.table.delta import Landed, Lost, Snapshot, append, load_snapshot
+from mvsink.table.index import PersistedIndex
+from mvsink.table.record import EpochRecord, Keys, now_ms
+from mvsink.table.schema import (
+    check_fits,
+    check_roles,
+    check_supported,
+    stored_struct,
+    target_schema_json,
+    target_struct,
+)
+from mvsink.table.storage import Store
+from mvsink.table.write import Layout, Plan, Staged, discard, stage
+
+log = logging.getLogger("mvsink.sink")
+_COMMIT = re.compile(r"_delta_log/\d{20}\.json")
+
+
+class Mode(Protocol):
+    """One mode's planner for one epoch: plans attempts, hears of the commit, cleans up."""
+
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan: ...
+
+    def committed(self, staged: Staged) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class SinkState:
+    """What a sink keeps between its epochs, in the process it runs in (never pickled)."""
+
+    index: PersistedIndex = field(default_factory=PersistedIndex)
+    """Complete mode: the entries of the table's files, on the driver."""
+    tombstones: Tombstones = field(default_factory=Tombstones)
+    """Upsert mode: the view's tombstone sets read or written."""
+    budget: DriverBudget = field(default_factory=DriverBudget)
+    """What collecting the view to the driver costs (``placement``)."""
+    stall: Stall = field(default_factory=Stall)
+    """Under a shared clock: epochs in a row that could not advance the view."""
+    clock_seen: dict[tuple[str, int], Time] = field(default_factory=dict)
+    """A callable clock's times of the batches seen, by (lineage, epoch): where the next batch
+    starts (``clock.batch_start``). Only the last two of a lineage are kept."""
+    seen_lineage: str | None = None
+    """The lineage of the query this sink serves, once seen."""
+    look_up_again: bool = False
+    """The table a name resolved to is gone: the next epoch looks the name up again."""
+    before_commit: Callable[[Snapshot], None] | None = None
+    """Called with the snapshot after staging and before committing (tests land a competing
+    commit in exactly that window)."""
+    after_commit_call: Callable[[], None] | None = None
+    """Called right after the commit call returns, inside its error handling (tests fail a
+    commit that landed, as a post-commit step of delta-rs can)."""
+
+    def lineage(self, found: str) -> str:
+        """A sink serves one query: once it has seen the query's lineage, a batch that shows
+        none (a thread without Spark's properties) is still that query's."""
+        if found == DIRECT and self.seen_lineage is not None:
+            return self.seen_lineage
+        if found != DIRECT:
+            self.seen_lineage = found
+        return found
+
+    def forget_table(self) -> None:
+        """The target moved: what was known of the old folder's files goes."""
+        self.index, self.tombstones = PersistedIndex(), Tombstones()
+
+
+class Epoch:
+    """One call of the sink: the attempts of one epoch (see the module doc)."""
+
+    def __init__(
+        self,
+        state: SinkState,
+        opts: SinkOptions,
+        desired: DataFrame,
+        epoch: int,
+        *,
+        store: Store,
+        read_only: bool,
+        named: str | None,
+    ) -> None:
+        self.state = state
+        self.opts = opts
+        self.epoch = epoch
+        self.store = store
+        self.read_only = read_only
+        self.named = named
+        """The table name the target was given as (None: a path)."""
+        self.where = Where(opts.name, opts.target, epoch)
+        self.started = time.monotonic()
+        self.stored = stored_struct(desired.schema, opts.delete_column)
+        query = running_query(desired, bool(opts.lineage or opts.checkpoint), self.where)
+        check_output_mode(desired, opts.mode, query, self.where)
+        self.lineage = state.lineage(lineage_of(desired, query.id if query else None, opts, self.where))
+        self.time = epoch_time(desired, epoch, opts, self.where)
+        self.before = state.clock_seen.get((self.lineage, epoch - 1))
+        if self.time is not None and callable(opts.clock):
+            seen = state.clock_seen
+            seen[(self.lineage, epoch)] = self.time
+            for old in [k for k in seen if k[0] == self.lineage and k[1] < epoch - 1]:
+                del seen[old]
+        self.ctx = EpochContext(desired, opts, self.where, store, budget=state.budget)
+        self.entitled = True
+        """Whether the last attempt found this sink entitled to write the view (``Skip``)."""
+        self.mode: Mode
+        if opts.mode == "complete":
+            self.mode = Complete(self.ctx, state.index)
+        elif opts.mode == "upsert":
+            self.mode = Upsert(self.ctx, state.tombstones)
+        else:
+            self.mode = Append(self.ctx)
+
+    def run(self) -> EpochReport:
+        raw, opts = self.ctx.batch, self.opts
+        check_supported(raw.schema, self.where)
+        check_roles(
+            raw.schema,
+            key=opts.key,
+            delete_column=opts.delete_column,
+            sequence_column=opts.sequence_column,
+            partition_by=opts.partition_by or (),
+            cluster_by=opts.cluster_by,
+            where=self.where,
+        )
+        try:
+            return self.attempts()
+        except MVSinkError:
+            raise
+        except Exception as exc:
+            if is_spark_error(exc):
+                raise SparkJobError(
+                    f"a Spark job of this epoch failed, so nothing was committed: {spark_reason(exc)}",
+                    self.where,
+                ) from exc
+            raise
+        finally:
+            self.mode.close()
+            if self.ctx.collected:
+                give_back_memory()
+
+    def attempts(self) -> EpochReport:
+        """The attempt loop: each stage in order, again from a fresh snapshot after a lost
+        commit race, up to the retry policy's attempts."""
+        policy = self.opts.retry
+        for attempt in range(1, policy.max_attempts + 1):
+            snap = self.snapshot()
+            if snap is None:
+                continue  # a table appeared since the snapshot: plan against it
+            layout = self.layout(snap)
+            decision = self.decide(snap)
+            if isinstance(decision, Skip):
+                return self.skip(decision, snap, layout, attempt)
+            plan = self.mode.plan(snap, layout)
+            staged = self.stage(plan, snap, layout)
+            if not (staged.adds or staged.removes or decision.always):
+                # Nothing to change and no heartbeat due: no version (decide.py).
+                self.discard(staged, plan)
+                self.ctx.drain()
+                return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
+            outcome = self.commit(decision, staged, plan, snap, layout, attempt)
+            if isinstance(outcome, Lost):
+                self.back_off(attempt, outcome)
+                continue
+            failpoints.hit("after_commit")
+            self.mode.committed(staged)
+            desc = decision.desc
+            return self.report(
+                "committed", desc.lower, desc.upper, outcome.version, attempt, snap, staged=staged
+            )
+        raise RetriesExhaustedError(
+            f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
+            "(Spark will retry the batch). If another writer commits this often, raise "
+            "retry.max_attempts or make it commit less often.",
+            self.where,
+        )
+
+    # -- the stages, in order -----------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot | None:
+        """The table's latest snapshot; None when a table appeared where there was none (the
+        attempt starts again against it)."""
+        opts = self.opts
+        with self.ctx.phase("snapshot"):
+            snap = load_snapshot(
+                opts.target,
+                opts.app_id,
+                opts.storage_options,
+                self.where,
+                engine=opts.engine,
+                spark=self.ctx.batch.sparkSession,
+            )
+        failpoints.hit("after_snapshot")
+        if not snap.exists and self.named:
+            self.state.look_up_again = True
+            raise ConfigError(
+                f"the table {self.named} was at {opts.target} when this epoch looked it "
+                "up, and that folder holds no Delta table any more (dropped, or moved since?): "
+                "the next epoch looks the name up again",
+                self.where,
+            )
+        if not snap.exists and not self._only_ours_in_root():
+            return None
+        self._check_append_only(snap)
+        return snap
+
+    def layout(self, snap: Snapshot) -> Layout:
+        """The target's schema and partition columns: the table's, or those it will get."""
+        wanted = self.opts.partition_by
+        if not snap.exists:
+            schema_json = target_schema_json(self.stored)
+            return Layout(schema_json, target_struct(schema_json), tuple(wanted or ()))
+        assert snap.schema_json is not None
+        check_fits(self.stored, snap.schema_json, self.where)
+        if wanted is not None and tuple(wanted) != snap.partition_by:
+            raise ConfigError(
+                f"option 'partition_by' is {list(wanted)} but the target is partitioned by "
+                f"{list(snap.partition_by)}; drop the option to keep the target's partitioning",
+                self.where,
+            )
+        return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+
+    def decide(self, snap: Snapshot) -> Commit | Skip:
+        opts = self.opts
+        return decide(
+            snap,
+            self.epoch,
+            opts,
+            lineage=self.lineage,
+            time=self.time,
+            read_only=self.read_only,
+            batch_start=lambda: batch_start(self.epoch, opts, self.where, self.before),
+            where=self.where,
+            on_clock=self._watch_stall,
+        )
+
+    def skip(self, decision: Skip, snap: Snapshot, layout: Layout, attempt: int) -> EpochReport:
+        """Write nothing, for ``decision``'s reason; a standby still plans, to report what it
+        would write. The batch runs to its end either way."""
+        ctx = self.ctx
+        self.entitled = decision.entitled
+        plan = self.mode.plan(snap, layout) if decision.plans else None
+        if plan is not None and plan.inserted is None and is_dataframe(plan.inserts):
+            # A standby reports what it would insert, also when tasks would write it.
+            rows = cast(DataFrame, plan.inserts)
+            with ctx.phase("count"):
+                plan = replace(plan, inserted=rows.count())
+            ctx.batch_ran = True
+        ctx.drain()
+        return self.report(decision.reason, snap.frontier, None, None, attempt, snap, plan=plan)
+
+    def stage(self, plan: Plan, snap: Snapshot, layout: Layout) -> Staged:
+        """The plan as files nothing references yet (I4)."""
+        opts, ctx = self.opts, self.ctx
+        with ctx.phase("write"):
+            staged = stage(
+                plan,
+                ctx.store,
+                layout,
+                view=opts.name,
+                epoch=self.epoch,
+                max_rows_per_file=opts.max_rows_per_file,
+                cluster_by=opts.cluster_by,
+                where=self.where,
+                change_feed=snap.change_feed,
+                deletion_vectors=snap.deletion_vectors,
+            )
+            if is_dataframe(plan.inserts):
+                ctx.batch_ran = True  # Spark tasks wrote the whole batch
+        failpoints.hit("after_staging")
+        return staged
+
+    def commit(
+        self, decision: Commit, staged: Staged, plan: Plan, snap: Snapshot, layout: Layout, attempt: int
+    ) -> Landed | Lost:
+        """Append the staged files and the frontier against ``snap``, strictly (I2). Files of
+        an attempt that did not get as far as the commit call, or lost the race, are
+        discarded; after the call, only a known loss discards them (I4): an unknown outcome
+        raises with the files kept."""
+        opts, ctx, desc = self.opts, self.ctx, decision.desc
+        try:
+            ctx.drain()
+            if self.state.before_commit is not None:
+                self.state.before_commit(snap)
+            failpoints.hit("before_commit")
+            self._check_staged(staged)
+        except BaseException:
+            self.discard(staged, plan)  # not committed: nothing can reference them (I4)
+            raise
+        with ctx.phase("commit"):
+            outcome = append(
+                snap,
+                ctx.store,
+                adds=staged.adds,
+                removes=staged.removes,
+                changes=staged.changes,
+                updates=staged.updates,
+                app_id=opts.app_id,
+                upper=desc.upper,
+                attempt_id=uuid.uuid4().hex,
+                metadata=self._record(desc, staged, decision.lineage, attempt).metadata(),
+                schema_json=layout.schema_json,
+                partition_by=layout.partition_by,
+                where=self.where,
+                transactions={
+                    **self._transactions(desc, decision.lineage, decision.writers),
+                    **(staged.side.transactions if staged.side is not None else {}),
+                },
+                _after_call=self.state.after_commit_call,
+            )
+        if isinstance(outcome, Lost):
+            self.discard(staged, plan)  # known not to have landed (I4)
+        return outcome
+
+    def back_off(self, attempt: int, lost: Lost) -> None:
+        pause = self.opts.retry.backoff(attempt, random.random())
+        log.info(
+            "%s: attempt %d lost a commit race (%s); retrying in %.2fs",
+            self.where,
+            attempt,
+            lost.reason,
+            pause,
+        )
+        if attempt < self.opts.retry.max_attempts:
+            time.sleep(pause)
+
+    def report(
+        self,
+        outcome: Any,
+        lower: int | None,
+        upper: int | None,
+        version: int | None,
+        attempts: int,
+        snap: Snapshot,
+        *,
+        plan: Plan | None = None,
+        staged: Staged | None = None,
+    ) -> EpochReport:
+        return EpochReport(
+            view=self.opts.name,
+            target=self.opts.target,
+            epoch=self.epoch,
+            outcome=outcome,
+            lower=lower,
+            upper=upper,
+            version=version,
+            inserted=staged.inserted if staged else (plan.inserted or 0) if plan else 0,
+            retracted=staged.retracted if staged else plan.retracted if plan else 0,
+            files_added=len(staged.adds) + len(staged.updates) if staged else 0,
+            files_removed=len(staged.removes) if staged else 0,
+            bytes_written=staged.bytes_written if staged else 0,
+            files_read=self.ctx.files_read,
+            whole=self.ctx.whole and staged is not None,
+            phases=dict(self.ctx.phases),
+            attempts=attempts,
+            seconds=time.monotonic() - self.started,
+            snapshot_version=snap.version,
+            clock_time=dict(self.time) if self.time is not None else None,
+        )
+
+    # -- what the stages need -----------------------------------------------------------------
+
+    def discard(self, staged: Staged, plan: Plan) -> None:
+        discard(staged, self.ctx.store, plan.index)
+
+    def _watch_stall(self, clock: Clocked) -> None:
+        """Under a shared clock, an epoch behind or incomparable writes nothing; when that goes
+        on while the committed time stands still, nobody advances the view (``clock.Stall``):
+        a WARNING each epoch, and a note ``mvsink status`` shows."""
+        stall, store = self.state.stall, self.ctx.store
+        verdict, committed = clock.verdict, clock.committed
+        who = f"{self.opts.writer or ''}\n{self.lineage}"
+        if not stall.observe(verdict, committed, self.epoch):
+            if verdict in ("ahead", "same"):
+                stall.clear_note(store, self.opts.name, who, self.where)
+            return
+        log.warning(
+            "%s: the view is stalled: for %d epochs (since epoch %s) this sink's time was %s the "
+            "committed time, which did not move. This epoch's time: %s; committed: %s. Nothing "
+            "is written until a time is ahead of it: check that the replicas read the same "
+            "sources (docs/replicas.md)",
+            self.where,
+            stall.epochs,
+            stall.since,
+            verdict,
+            json.dumps(self.time, sort_keys=True),
+            json.dumps(committed, sort_keys=True),
+        )
+        fields = {
+            "writer": self.opts.writer,
+            "lineage": self.lineage,
+            "epoch": self.epoch,
+            "verdict": verdict,
+            "time": self.time,
+            "committed": committed,
+            "at_ms": int(time.time() * 1000),
+        }
+        stall.leave_note(store, self.opts.name, who, fields, self.where)
+
+    def _only_ours_in_root(self) -> bool:
+        """A target that is not yet a Delta table must hold nothing but what mvsink leaves
+        there: the sink would make a table beside someone's files (a Parquet dataset, say),
+        which readers of the folder would then no longer see. False if, instead, another
+        writer made the folder a Delta table since the snapshot (its files came with a log)."""
+        store = self.ctx.store
+        found = store.foreign()
+        if not found:
+            return True
+        if any(_COMMIT.fullmatch(p) for p in store.files("_delta_log")):
+            return False
+        raise UnsupportedTableError(
+            f"the target holds files but no Delta log (e.g. {found[0]!r}): it is not a Delta "
+            "table. Nothing was written. Point the sink at an empty folder, or make the folder "
+            "a Delta table first (CONVERT TO DELTA).",
+            self.where,
+        )
+
+    def _check_append_only(self, snap: Snapshot) -> None:
+        """An append-only table (``delta.appendOnly``) takes no removes: complete and upsert
+        mode, which retract rows, are refused before anything is staged."""
+        if self.opts.mode != "append" and snap.configuration.get("delta.appendOnly", "").lower() == "true":
+            raise UnsupportedTableError(
+                f"the target is append-only (delta.appendOnly = true): {self.opts.mode} mode retracts "
+                "rows, which such a table refuses. Use mode 'append', or a table without the property.",
+                self.where,
+            )
+
+    def _check_staged(self, staged: Staged) -> None:
+        """Every staged file (data, change and deletion-vector files) is in storage, whole,
+        before a commit may reference it."""
+        files = [*staged.adds, *staged.changes, *vector_files(f.deletion_vector for f in staged.updates)]
+        gone: list[str] = []
+        if staged.side_paths:
+            found = self.ctx.store.sizes(staged.side_paths)
+            gone += [p for p in staged.side_paths if p not in found]
+        if staged.folder and files:
+            gone += self.ctx.store.missing(staged.folder, files)
+        if gone:
+            raise InvariantViolation(
+                f"{len(gone)} staged file(s) are missing or changed before the commit (e.g. "
+                f"{gone[0]}); was a vacuum with a short retention running? Nothing was committed.",
+                self.where,
+            )
+
+    def _transactions(self, desc: BatchDescription, lineage: Lineage, writers: Writers) -> dict[str, int]:
+        """What a commit records besides the frontier: the epoch's time under a shared clock,
+        else its lineage's standing; the active writer's promotion, again; and when it was
+        made (``record.Keys.at``)."""
+        at = {Keys(self.opts.app_id).at: now_ms()}
+        if self.time is not None:
+            clock = clock_transactions(
+                self.opts.app_id, self.time, lineage.name, self.opts.writer, desc.upper
+            )
+            return {**clock, **writers.restamp(), **at}
+        return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
+
+    def _record(self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int) -> EpochRecord:
+        return EpochRecord(
+            view=self.opts.name,
+            mode=self.opts.mode,
+            epoch=self.epoch,
+            lower=desc.lower,
+            upper=desc.upper,
+            lineage=lineage.name,
+            writer=self.opts.writer or f"{socket.gethostname()}:{os.getpid()}",
+            inserted=staged.inserted,
+            retracted=staged.retracted,
+            files_added=len(staged.adds) + len(staged.updates),
+            files_removed=len(staged.removes),
+            attempts=attempt,
+            seconds=time.monotonic() - self.started,
+            phases=self.ctx.phases,
+            deletion_vectors=len(staged.updates),
+            whole=self.ctx.whole,
+            time=self.time,
+            takeover=(lineage.owner or 0) + 1 if desc.takeover else None,
+        )
