@@ -4,12 +4,17 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
 
     MVSinkError
     ├── ConfigError (also ValueError)        bad options or config file: fix and restart
+    │   └── CatalogUnavailable               the catalog could not answer a table name's lookup
     ├── InputError (also ValueError)         the micro-batch cannot be stored as given
     │   ├── SchemaMismatchError              desired's columns differ from the target's
     │   └── DuplicateKeyError                upsert mode: one key twice in a batch
+    ├── LineageError                         the epoch has no place in the view's history (a
+    │                                        new lineage, a gap): nothing was written
     ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses,
     │                                        or is not a Delta table at all
     ├── StorageError                         the target's storage refused or cannot be reached
+    ├── EngineUnavailable                    the session has no JVM Delta the engine can use
+    ├── EngineRefused                        the JVM Delta refused an operation
     ├── SparkJobError                        a Spark job of the epoch failed (a UDF that raised,
     │                                        a cancelled job): nothing was committed
     ├── ConflictError                        retryable: another commit landed first
@@ -17,6 +22,7 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     ├── CommitOutcomeUnknownError            the commit call failed and the log could not say
     │                                        whether it landed: the next epoch resolves it
     └── InvariantViolation                   a check that must never fail did: a bug, report it
+        └── CorruptDeletionVector            a deletion vector's bytes are not what the log says
 
 Catch ``ConflictError`` to retry an epoch yourself (Spark retries a failed batch on restart);
 everything else is terminal for the epoch and leaves the target as it was, except
@@ -130,6 +136,23 @@ class CommitOutcomeUnknownError(MVSinkError):
 
 class InvariantViolation(MVSinkError):
     """An internal check failed. Nothing was committed; please report it with the log."""
+
+
+class CorruptDeletionVector(InvariantViolation):
+    """A deletion vector's bytes are not what its descriptor says."""
+
+
+class CatalogUnavailable(ConfigError):
+    """The catalog could not answer (a metastore timeout, a failing lookup): unlike a table
+    it does not know, a reason to keep a location already found rather than stop."""
+
+
+class EngineUnavailable(MVSinkError):
+    """The session has no JVM Delta the ``delta-spark`` engine can use (the message says why)."""
+
+
+class EngineRefused(MVSinkError):
+    """The JVM Delta refused an operation (the message has its first line)."""
 
 
 def first_line(exc: BaseException, limit: int = 500) -> str:

@@ -23,15 +23,11 @@ from mvsink.config import SinkOptions
 from mvsink.epoch.query import running_query
 from mvsink.epoch.run import Epoch, SinkState
 from mvsink.epoch.workers import check_workers
-from mvsink.errors import (
-    ConfigError,
-    InputError,
-    Where,
-)
+from mvsink.errors import CatalogUnavailable, ConfigError, InputError, Where
 from mvsink.ops.promote import promote
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
 from mvsink.report import EpochReport
-from mvsink.table.catalog import CatalogUnavailable, is_path, locate
+from mvsink.table.catalog import is_path, locate
 from mvsink.table.delta import read_frontier, table_root
 from mvsink.table.record import Keys
 from mvsink.table.storage import Store

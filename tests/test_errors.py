@@ -263,3 +263,42 @@ def test_a_foreign_table_with_other_columns_is_left_alone(spark, target):
     with pytest.raises(SchemaMismatchError):
         unchanged_after(target, lambda: MVSink(target, "foreign")(frame(spark, [(1, "a", 1.0)]), 0))
     assert DeltaTable(target).to_pyarrow_table().num_rows == 2
+
+
+def test_the_tree_in_the_docstring_is_the_class_tree() -> None:
+    """``errors.py``'s docstring draws every error class under its parent, and only those:
+    the drawing is what users read to choose what to catch."""
+    import inspect
+    import re
+
+    import mvsink.errors as errors
+
+    drawn: dict[str, str | None] = {}
+    parents: list[str] = []
+    for line in (errors.__doc__ or "").splitlines():
+        found = re.match(r"^    ((?:[│ ]   )*)(?:[├└]── )?([A-Z]\w+)\b", line)
+        if not found or not found.group(2).endswith(
+            ("Error", "Violation", "Unavailable", "Refused", "Vector")
+        ):
+            continue
+        depth = len(found.group(1)) // 4 + (1 if "──" in line else 0)
+        parents[depth:] = [found.group(2)]
+        drawn[found.group(2)] = parents[depth - 1] if depth else None
+    classes = {
+        name: next((b.__name__ for b in cls.__bases__ if issubclass(b, errors.MVSinkError)), None)
+        for name, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.MVSinkError)
+    }
+    assert drawn == classes
+    # ... and no error class of mvsink lives elsewhere.
+    import pkgutil
+
+    import mvsink
+
+    for info in pkgutil.walk_packages(mvsink.__path__, "mvsink."):
+        if info.name == "mvsink.errors" or info.name.endswith("__main__"):
+            continue
+        module = __import__(info.name, fromlist=["_"])
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, errors.MVSinkError) and cls.__module__ == info.name:
+                raise AssertionError(f"{info.name}.{name} is an MVSinkError outside errors.py")

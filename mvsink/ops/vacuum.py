@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from mvsink.errors import ConfigError, StorageError, Where, first_line
+from mvsink.errors import ConfigError, EngineRefused, StorageError, Where, first_line
 from mvsink.table.catalog import locate
 from mvsink.table.delta import _US_PER_HOUR, RETENTION, Snapshot, load_snapshot, table_retention_us
 from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
-from mvsink.table.jvm_delta import Refused
 from mvsink.table.record import PREFIX
 from mvsink.table.schema import target_struct
 from mvsink.table.storage import Store
@@ -96,7 +95,7 @@ def vacuum(
             found = table.vacuum(retention_hours=hours, dry_run=True, full=True)
             sizes = store.sizes(found)
             data = table.vacuum(retention_hours=hours, dry_run=False, full=True) if apply else found
-    except (DeltaError, Refused) as exc:
+    except (DeltaError, EngineRefused) as exc:
         raise ConfigError(f"vacuum refused: {exc}", where) from None
     entries = _stale_entries(store, snap)
     if apply:

@@ -20,7 +20,7 @@ import re
 from typing import Any
 from urllib.parse import urlparse
 
-from mvsink.errors import ConfigError, Where, first_line
+from mvsink.errors import CatalogUnavailable, ConfigError, Where, first_line
 
 _PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`)"
 _NAME = re.compile(rf"^{_PART}(?:\.{_PART}){{0,2}}$")
@@ -47,11 +47,6 @@ def check_name(target: str) -> None:
             f"{target!r} is neither a path (a URI, or starting with '/', './' or '../') nor a table "
             "name ([catalog.][schema.]table, parts backquoted if they hold other characters)"
         )
-
-
-class CatalogUnavailable(ConfigError):
-    """The catalog could not answer (a metastore timeout, a failing lookup): unlike a table
-    it does not know, a reason to keep a location already found rather than stop."""
 
 
 def locate(target: str, where: Where, spark: Any = None) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow.fs as pafs
 
-from mvsink.errors import InvariantViolation
+from mvsink.errors import CorruptDeletionVector, InvariantViolation
 from mvsink.table.delta import NewFile
 
 I64 = npt.NDArray[np.int64]
@@ -58,10 +58,6 @@ _NO_OFFSETS = 4  # with run containers, fewer containers than this have no offse
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _UUID_CHARS = 20
-
-
-class CorruptDeletionVector(InvariantViolation):
-    """A deletion vector's bytes are not what its descriptor says."""
 
 
 # --- Z85 -------------------------------------------------------------------------------------

@@ -385,7 +385,8 @@ def _data_file(
 
 def _reader(spark: Any) -> Any:
     """The JVM Delta of ``spark`` or the active session, for reading, or None."""
-    from mvsink.table.jvm_delta import JvmDelta, Unavailable
+    from mvsink.errors import EngineUnavailable
+    from mvsink.table.jvm_delta import JvmDelta
 
     if spark is None:
         from pyspark.sql import SparkSession
@@ -393,7 +394,7 @@ def _reader(spark: Any) -> Any:
         spark = SparkSession.getActiveSession()
     try:
         return None if spark is None else JvmDelta(spark)
-    except Unavailable:
+    except EngineUnavailable:
         return None
 
 
@@ -506,7 +507,8 @@ def _engine(
 
     ``auto`` takes delta-rs when it writes the table, else the session's JVM Delta; a table
     neither can write is refused here, before anything is staged."""
-    from mvsink.table.jvm_delta import JvmDelta, Unavailable
+    from mvsink.errors import EngineUnavailable
+    from mvsink.table.jvm_delta import JvmDelta
 
     refusal = None if engine == "delta-spark" or dt is None else _delta_rs_refusal(dt, where)
     mode = "none" if dt is None else (dt.metadata().configuration.get(COLUMN_MAPPING) or "none").lower()
@@ -551,7 +553,7 @@ def _engine(
         if dt is not None:
             jvm.check_table(root, dt.version(), str(dt.metadata().id), features)
         return jvm
-    except Unavailable as exc:
+    except EngineUnavailable as exc:
         raise UnsupportedTableError(f"{why}{exc}; nothing was staged", where) from None
 
 

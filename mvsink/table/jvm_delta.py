@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mvsink.compat import from_arrow, to_arrow
-from mvsink.errors import MVSinkError, first_line
+from mvsink.errors import EngineRefused, EngineUnavailable, MVSinkError, first_line
 from mvsink.table import record
 from mvsink.table.stats import loosened
 
@@ -49,26 +49,18 @@ COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-class Unavailable(MVSinkError):
-    """The session has no JVM Delta this engine can use (the message says why)."""
-
-
-class Refused(MVSinkError):
-    """The JVM Delta refused an operation (the message has its first line)."""
-
-
 class JvmDelta:
     """The JVM Delta of one classic Spark session."""
 
     def __init__(self, spark: Any) -> None:
         jspark = getattr(spark, "_jsparkSession", None)
         if jspark is None:
-            raise Unavailable(
+            raise EngineUnavailable(
                 "the delta-spark engine commits through the session's JVM Delta over py4j, which a "
                 "Spark Connect session does not have"
             )
         if os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "false":
-            raise Unavailable(
+            raise EngineUnavailable(
                 "the delta-spark engine makes its one-attempt session active around the commit, "
                 "which needs PySpark's pinned threads (PYSPARK_PIN_THREAD is false here)"
             )
@@ -80,12 +72,12 @@ class JvmDelta:
         try:
             self.version = str(self._module("io.delta.package$").VERSION())
         except Exception:
-            raise Unavailable(
+            raise EngineUnavailable(
                 "the delta-spark engine needs Delta in the Spark session (delta-spark's jars, "
                 "'spark.sql.extensions' = io.delta.sql.DeltaSparkSessionExtension)"
             ) from None
         if not self.version.startswith(TESTED):
-            raise Unavailable(
+            raise EngineUnavailable(
                 f"the delta-spark engine was tested with Delta {', '.join(t + 'x' for t in TESTED)}; "
                 f"this session runs Delta {self.version}, whose internals it does not know"
             )
@@ -116,7 +108,7 @@ class JvmDelta:
         ``_delta_log`` folder, so it would plan on a stale version). The store: ``check_store``."""
         routed = sorted(f for f in features if f.startswith(COMMIT_ROUTING_FEATURES))
         if routed:
-            raise Unavailable(
+            raise EngineUnavailable(
                 f"the table's commits go through a catalog or commit coordinator ({', '.join(routed)}), "
                 "which mvsink's reading of the Delta log does not follow"
             )
@@ -125,7 +117,7 @@ class JvmDelta:
         snapshot = delta_log.update(False, none, none)
         seen, seen_id = int(snapshot.version()), str(snapshot.metadata().id())
         if seen < version or seen_id != table_id:
-            raise Unavailable(
+            raise EngineUnavailable(
                 f"the session's Delta sees another table at {jvm_path(root)} (version {seen}, id "
                 f"{seen_id}) than mvsink reads (version {version}, id {table_id}): check that both "
                 "reach the same store"
@@ -162,7 +154,7 @@ class JvmDelta:
             return str(store.getClass().getName())
         except Exception as exc:
             java = getattr(exc, "java_exception", None)  # py4j's error: the JVM's is the news
-            raise Unavailable(
+            raise EngineUnavailable(
                 f"the session's Delta cannot make its log store for {scheme}:// paths "
                 f"({_STORE_CONF.format(scheme=scheme)}): "
                 f"{first_line(exc) if java is None else str(java.toString())[:500]}"
@@ -296,7 +288,7 @@ class JvmDelta:
         try:
             rows = self._jspark.sql(statement).collectAsList()
         except Exception as exc:
-            raise Refused(f"Delta's VACUUM refused: {first_line(exc)}") from None
+            raise EngineRefused(f"Delta's VACUUM refused: {first_line(exc)}") from None
         if not dry_run:
             return []
         return [_relative(root, str(row.getString(0))) for row in rows]
@@ -328,7 +320,7 @@ def _store_kind(name: str, scheme: str) -> str:
     short = name.rsplit(".", 1)[-1] if name.startswith(_DELTA_STORES) else name
     if scheme == "file" and short in _LOCAL:
         if importlib.util.find_spec("fcntl") is None:
-            raise Unavailable(
+            raise EngineUnavailable(
                 f"on local disk the session's Delta commits with {short}, which is exclusive within "
                 "one JVM only, and mvsink's commit turn across processes needs POSIX file locks, "
                 "which this platform does not have"
@@ -338,7 +330,7 @@ def _store_kind(name: str, scheme: str) -> str:
         return "store"
     key = _STORE_CONF.format(scheme=scheme)
     if short == "S3SingleDriverLogStore":
-        raise Unavailable(
+        raise EngineUnavailable(
             f"on S3 the session's Delta commits {scheme}:// paths with S3SingleDriverLogStore, which "
             "two writers can both 'win' (no conditional put): configure S3DynamoDBLogStore "
             f"({key}; Delta is handed an s3:// target as s3a://) when the session starts (a "
@@ -346,7 +338,7 @@ def _store_kind(name: str, scheme: str) -> str:
             "on S3"
         )
     accepted = ", ".join(f"{store} on {'/'.join(schemes)}" for store, schemes in _EXCLUSIVE.items())
-    raise Unavailable(
+    raise EngineUnavailable(
         f"the session's Delta commits {scheme}:// paths with {name} ({key}), which mvsink does not "
         f"know to commit a version exclusively across writers (two could both 'win' it); it "
         f"accepts {accepted}, and {' or '.join(_LOCAL)} on local disk"
@@ -381,7 +373,7 @@ def commit_turn(root: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise Refused(
+                    raise EngineRefused(
                         f"another process held the commit turn of {local} ({lock}) for "
                         f"{COMMIT_TURN_TIMEOUT_S:.0f} s; nothing was committed"
                     ) from None
@@ -432,7 +424,7 @@ def jvm_path(root: str) -> str:
     if root.startswith("s3://"):
         return "s3a://" + root.removeprefix("s3://")
     if root.startswith(("az://", "azure://")):
-        raise Unavailable(
+        raise EngineUnavailable(
             f"{root}: give the table's abfss:// URI for the session's Delta (Hadoop has no az://)"
         )
     return root

@@ -23,7 +23,8 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from mvsink import MVSink, UnsupportedTableError
-from mvsink.table.jvm_delta import JvmDelta, Unavailable
+from mvsink.errors import EngineUnavailable
+from mvsink.table.jvm_delta import JvmDelta
 from tests.delta_session import delta_conf
 from tests.helpers import commit_info, store, versions
 from tests.interop.test_delta_jvm import view
@@ -72,7 +73,7 @@ def test_the_store_is_the_one_delta_resolves_for_the_path_it_is_handed(spark, ro
         if verdict in ("local", "store"):
             assert JvmDelta(spark).check_store(root) == verdict
         else:
-            with pytest.raises(Unavailable, match=verdict) as info:
+            with pytest.raises(EngineUnavailable, match=verdict) as info:
                 JvmDelta(spark).check_store(root)
             print(info.value)
 
