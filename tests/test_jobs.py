@@ -236,3 +236,16 @@ def test_the_sink_checks_the_output_mode_only_of_a_desired_made_from_the_batch(s
     query.awaitTermination(300)
     assert query.exception() is None and sink.last_report is not None
     assert sink.last_report.outcome == "committed"
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["run"], ["frontier"], ["promote"], ["status"], ["verify"], ["vacuum"], ["compact"]]
+)
+def test_the_cli_help_is_plain_text(command, capsys) -> None:
+    """What ``--help`` prints is read in a terminal: no reStructuredText markup."""
+    from mvsink.cli.main import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mvsink") and "``" not in out

@@ -31,6 +31,11 @@ from typing import Any
 from mvsink.errors import ConfigError, MVSinkError, first_line
 
 
+def _plain(text: str) -> str:
+    """A docstring's line as a terminal shows it: no reStructuredText literals."""
+    return text.replace("``", "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -43,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mvsink", description=_plain(__doc__.splitlines()[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
     run.add_argument("config", nargs="?", help="a TOML job file (see conf/)")
