@@ -56,7 +56,7 @@ demo: $(STAMP)
 test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
 	# The distributed suite once more on a standalone cluster: executors in their own JVMs.
-	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/test_distributed.py
+	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 	$(SPARK35_VENV)/bin/python -m pytest -q
 	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
 

@@ -74,7 +74,7 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     - on local disk (the session's Delta reaches S3 through Hadoop's S3A, whose jars these
       machines do not have; tests/interop covers the refusal of its single-driver S3 commits);
     - in classic sessions (under Spark Connect the engine is refused by design);
-    - in the driver placement, but for tests/test_distributed.py, the placement's own suite
+    - in the driver placement, but for tests/plan/test_distributed.py, the placement's own suite
       (the engine commits what either placement staged, through one path);
     - not tests marked ``single_engine``."""
     module = item.nodeid.split("::")[0]
@@ -106,7 +106,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the distributed placement on local disk only, to keep the suite short: the store
-    is the I/O layer's business, and tests/test_distributed.py runs that placement on S3.
+    is the I/O layer's business, and tests/plan/test_distributed.py runs that placement on S3.
     Likewise the two-process race runs on S3 in complete mode only. Then each line keeps its
     own engine (``_line_runs``)."""
     keep, drop = [], []
@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     # After s3_env: Spark's Python workers inherit the environment the JVM starts with.
     # A small result limit for the whole suite: the distributed path must never need more
-    # (tests/test_distributed.py pushes views whose fingerprints are several times this).
+    # (tests/plan/test_distributed.py pushes views whose fingerprints are several times this).
     conf = {"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
     if DELTA_LINE:
         conf.update(delta_conf(tmp_path_factory.mktemp("warehouse")))

@@ -80,7 +80,7 @@ def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path
     import json
 
     from tests.helpers import commit_info
-    from tests.test_lineage import run
+    from tests.epoch.test_lineage import run
 
     target = local_target  # lineage is not the store's business: local disk only
 
