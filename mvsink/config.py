@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mvsink.errors import ConfigError, Where
 from mvsink.table.catalog import check_name, is_path
-from mvsink.table.delta import REMOTE_SCHEMES, nested
 from mvsink.table.record import app_id, now_ms
+from mvsink.table.uris import REMOTE_SCHEMES, nested
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

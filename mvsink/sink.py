@@ -28,9 +28,10 @@ from mvsink.ops.promote import promote
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
 from mvsink.report import EpochReport
 from mvsink.table.catalog import is_path, locate
-from mvsink.table.delta import read_frontier, table_root
+from mvsink.table.delta import read_frontier
 from mvsink.table.record import Keys
 from mvsink.table.storage import Store
+from mvsink.table.uris import table_root
 
 log = logging.getLogger(__name__)
 metrics = logging.getLogger("mvsink.metrics")

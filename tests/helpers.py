@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from mvsink.compat import to_arrow
-from mvsink.table.delta import is_local, table_root
 from mvsink.table.storage import Store
+from mvsink.table.uris import is_local, table_root
 
 
 def store(target: str) -> Store:
@@ -116,7 +116,7 @@ def removed(target: str, version: int) -> list[str]:
 
 def commit_info(target: str, version: int) -> dict[str, Any]:
     """A version's commitInfo with mvsink's properties at its top level: delta-rs writes them
-    there, the JVM engine into its ``tags`` (as ``mvsink.table.delta.history`` reads them)."""
+    there, the JVM engine into its ``tags`` (as ``mvsink.table.log.history`` reads them)."""
     info = next(a["commitInfo"] for a in log_entry(target, version) if "commitInfo" in a)
     tags = info.get("tags") or {}
     return {**{k: v for k, v in tags.items() if k.startswith("mvsink.")}, **info}

@@ -79,8 +79,8 @@ def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, t
 def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path, local_target):
     import json
 
-    from tests.helpers import commit_info
     from tests.epoch.test_lineage import run
+    from tests.helpers import commit_info
 
     target = local_target  # lineage is not the store's business: local disk only
 

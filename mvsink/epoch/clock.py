@@ -86,8 +86,8 @@ def read_checkpoint_file(
 ) -> str:
     """The text of a file of a streaming checkpoint (a local path or an object store URI,
     reached with the sink's ``storage_options``; ``s3a://`` is read as ``s3://``)."""
-    from mvsink.table.delta import table_root
     from mvsink.table.storage import Store
+    from mvsink.table.uris import table_root
 
     if checkpoint.startswith("s3a://"):
         checkpoint = "s3://" + checkpoint.removeprefix("s3a://")

@@ -27,9 +27,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from mvsink.errors import StorageError, Where
-from mvsink.table.delta import history, table_root
+from mvsink.table.log import history
 from mvsink.table.record import EpochCommit, metrics_app_id
 from mvsink.table.storage import Store
+from mvsink.table.uris import table_root
 
 log = logging.getLogger(__name__)
 

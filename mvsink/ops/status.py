@@ -22,8 +22,8 @@ from mvsink.epoch.clock import stall_notes
 from mvsink.errors import Where
 from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
-from mvsink.table.delta import history as delta_history
 from mvsink.table.delta import load_snapshot
+from mvsink.table.log import history as delta_history
 from mvsink.table.record import PROMOTED, EpochCommit, Keys, promotions, views_of
 from mvsink.table.storage import Store
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mvsink.errors import ConfigError
-from mvsink.table.delta import table_root
+from mvsink.table.uris import table_root
 
 NAME = "mvsink-delta"
 MODES = ("appends", "changes")

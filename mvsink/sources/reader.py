@@ -132,15 +132,9 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.sources.changes import Mask, exact_change
 from mvsink.sources.options import MODES, NAME, REWRITE_ROWS_PER_TASK, SourceOptions, parse
-from mvsink.table.delta import (
-    DataFile,
-    check_features,
-    commit_info,
-    log_actions,
-    partition_string,
-    table_retention_us,
-)
+from mvsink.table.delta import DataFile, check_features, partition_string, table_retention_us
 from mvsink.table.fingerprint import I64, fingerprints
+from mvsink.table.log import commit_info, log_actions
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store, partition_array
 

@@ -14,13 +14,12 @@ import decimal
 import json
 import logging
 import os
-import posixpath
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-from urllib.parse import unquote, urlparse
+from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +47,8 @@ from mvsink.errors import (
     first_line,
 )
 from mvsink.table import record
+from mvsink.table.log import LogFiles, commit_attempt
+from mvsink.table.uris import is_local, table_root
 
 log = logging.getLogger(__name__)
 
@@ -72,58 +73,6 @@ _KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors", "column mapping"})
 CHANGE_FEED = "delta.enableChangeDataFeed"
 DELETION_VECTORS = "delta.enableDeletionVectors"
 COLUMN_MAPPING = "delta.columnMapping.mode"
-
-REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure")
-"""URI schemes whose tables live in an object store (delta-rs's, with ``storage_options``)."""
-
-
-def is_local(target: str) -> bool:
-    """Whether ``target`` is a local path or ``file://`` URI (not an object store URI)."""
-    return urlparse(target).scheme in ("", "file")
-
-
-def table_root(target: str) -> str:
-    """The table root: an absolute local path for a path or ``file://`` URI, else the URI
-    without its trailing slash."""
-    parsed = urlparse(target)
-    if parsed.scheme not in ("", "file"):
-        return target.rstrip("/")
-    path = unquote(parsed.path) if parsed.scheme == "file" else target
-    return os.path.normpath(os.path.abspath(path)).rstrip("/") or "/"
-
-
-# Spellings of one store: ``s3a://b/t`` and ``s3://b/t`` are the same table.
-_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "abfs": "abfss", "azure": "az", "gcs": "gs"}
-
-
-def location(target: str) -> tuple[str, str, str]:
-    """A table location as ``(scheme, bucket or container, path)``, normalised so that two
-    spellings of one folder compare equal: ``file://`` and relative paths become absolute
-    local paths, ``..``, percent-escapes and repeated or trailing slashes are resolved,
-    ``s3a://`` is ``s3://``, the bucket is lower-cased, and Azure's URI forms name the
-    container."""
-    parsed = urlparse(target)
-    scheme = parsed.scheme.lower()
-    if scheme in ("", "file"):
-        return "file", "", table_root(target)
-    scheme = _SCHEME_ALIASES.get(scheme, scheme)
-    host = parsed.netloc.lower()
-    if scheme in ("az", "abfss"):
-        # ``az://container/...`` and ``abfss://container@account.dfs.../...`` (or .blob.):
-        # compared by container, so an account-less spelling is never taken for another table.
-        scheme, host = "az", host.split("@", 1)[0]
-    path = posixpath.normpath("/" + unquote(parsed.path).lstrip("/"))
-    return scheme, host, path.rstrip("/") or "/"
-
-
-def nested(a: str, b: str) -> bool:
-    """Whether one of two table locations is the other or lies inside it (in which case the
-    outer table's vacuum would delete the inner table's files)."""
-    x, y = location(a), location(b)
-    if x[:2] != y[:2]:
-        return False
-    px, py = x[2].rstrip("/") + "/", y[2].rstrip("/") + "/"
-    return px.startswith(py) or py.startswith(px)
 
 
 def unique_id(descriptor: Mapping[str, Any] | None) -> str | None:
@@ -883,64 +832,6 @@ def _resolve(
         "finds the epoch already written.",
         where,
     ) from exc
-
-
-class LogFiles(Protocol):
-    """What reading the log's files needs of the table's storage (``storage.Store``)."""
-
-    def get(self, path: str) -> pa.Buffer | None: ...
-
-
-def commit_attempt(log_files: LogFiles, version: int) -> str | None:
-    """The attempt id recorded in commit ``version`` ("" for a commit that has none), or None
-    if the log does not hold that version. Raises if the log cannot be read."""
-    entry = commit_info(log_files, version)
-    if entry is None:
-        return None
-    if entry.keys() == {"version"}:
-        # No commitInfo at all: it may be ours (a writer told not to record one), so it
-        # proves nothing either way; the caller keeps the staged files.
-        raise MVSinkError(f"version {version} records no commitInfo: whose commit it is cannot be told")
-    return str(entry.get(record.ATTEMPT, ""))
-
-
-def commit_info(log_files: LogFiles, version: int) -> dict[str, Any] | None:
-    """The commit info of version ``version``, read from its own log file, with ``version``
-    set and mvsink's commit metadata at the top level whichever engine wrote it (delta-rs
-    writes it there, the JVM Delta into the commit's ``tags``); ``{"version": n}`` for a commit
-    without one; None if the log holds no such file.
-
-    Never through delta-rs's ``DeltaTable.history``: it lists the log's files past the version
-    the table was loaded at and numbers them counting down from that version, so a commit that
-    lands between the load and the listing shifts every number (delta-rs 1.6; the chaos run
-    found metrics rows, and would have found commit outcomes, read off the wrong version)."""
-    actions = log_actions(log_files, version)
-    if actions is None:
-        return None
-    for action in actions:
-        info = action.get("commitInfo")
-        if isinstance(info, dict):
-            tags = info.get("tags")
-            if isinstance(tags, dict):
-                info = {**record.tags(tags), **info}
-            return {**info, "version": version}
-    return {"version": version}
-
-
-def log_actions(log_files: LogFiles, version: int) -> list[dict[str, Any]] | None:
-    """The actions of commit ``version``, in log order, from its own log file; None if the
-    log holds no such file."""
-    raw = log_files.get(f"_delta_log/{version:020}.json")
-    if raw is None:
-        return None
-    return [json.loads(line) for line in raw.to_pybytes().decode().splitlines() if line.strip()]
-
-
-def history(log_files: LogFiles, newest: int, limit: int) -> list[dict[str, Any]]:
-    """The commit infos (``commit_info``) of versions ``newest`` down to ``newest - limit +
-    1``, newest first; versions whose file is gone (log cleanup) are left out."""
-    commits = (commit_info(log_files, v) for v in range(newest, max(newest - limit, -1), -1))
-    return [c for c in commits if c is not None]
 
 
 def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:

@@ -22,7 +22,7 @@ Two kinds of records, both written in the same commit as the data they describe:
   (``<L>`` and ``<W>`` are digests of the lineage's and the writer's names.)
 
 * **Commit metadata**: ``mvsink.*`` keys of the commit info (delta-rs writes them at its top
-  level, the JVM Delta into its ``tags``; ``table/delta.commit_info`` reads either), one set
+  level, the JVM Delta into its ``tags``; ``table/log.commit_info`` reads either), one set
   per kind of commit: an epoch (``EpochRecord``), a compaction (``compact_metadata``), a
   promotion (``promote_metadata``), each naming its view (``VIEW``). ``ATTEMPT`` names the
   attempt that made a commit, so a commit whose outcome was unknown can be found.
@@ -221,7 +221,7 @@ class EpochCommit:
 
     @staticmethod
     def parse(info: Mapping[str, Any]) -> EpochCommit | None:
-        """The epoch commit ``info`` records (a commit info as ``table/delta.commit_info``
+        """The epoch commit ``info`` records (a commit info as ``table/log.commit_info``
         gives it), or None if it is not an epoch's commit."""
         if VIEW not in info or EPOCH not in info:
             return None

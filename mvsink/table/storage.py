@@ -41,9 +41,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
-from mvsink.table.delta import DataFile, NewFile, is_local, partition_string
+from mvsink.table.delta import DataFile, NewFile, partition_string
 from mvsink.table.schema import field_id, is_mapped, physical_field, physical_name
 from mvsink.table.stats import footer_statistics, metadata_stats, nan_leaves
+from mvsink.table.uris import is_local
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from deltalake.exceptions import TableNotFoundError
 from mvsink import promote, vacuum
 from mvsink.ops.compact import compact
 from mvsink.ops.vacuum import RETENTION
-from mvsink.table.delta import history
+from mvsink.table.log import history
 from mvsink.table.storage import Store
 from tests.chaos.invariants import History, check_history, check_metrics, check_verdicts
 from tests.helpers import multiset

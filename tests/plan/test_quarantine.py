@@ -117,7 +117,7 @@ def test_a_table_inside_the_view_is_refused_however_it_is_spelled(local_target, 
 
 
 def test_object_store_spellings_of_one_folder_are_one_table():
-    from mvsink.table.delta import nested
+    from mvsink.table.uris import nested
 
     assert nested("s3://lake/view", "s3a://lake/view/errors")
     assert nested("s3://Lake/view/", "s3://lake//view/./errors")

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mvsink import CommitOutcomeUnknownError, MVSink, frontier
-from mvsink.table.delta import commit_attempt, history
+from mvsink.table.log import commit_attempt, history
 from mvsink.table.storage import Store
 from tests.helpers import (
     added,
@@ -135,7 +135,7 @@ def test_what_the_log_says_of_a_version_is_read_from_that_version(spark, local_t
     """A trap in delta-rs (1.6): ``DeltaTable.history`` lists the log's files past the version
     the table was loaded at and numbers them counting down from that version, so a commit
     that lands in between shifts every number. mvsink reads a version's commit info from
-    the version's own file (``delta.commit_info``)."""
+    the version's own file (``log.commit_info``)."""
     sink = MVSink(local_target, "v")
     for epoch in range(3):
         sink(people(spark, range(epoch, 5)), epoch)

@@ -118,8 +118,8 @@ def test_deletes_go_to_the_store_the_options_name(spark, s3_target, s3_options, 
     go, and a file already gone is no error."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mvsink.table.delta import table_root
     from mvsink.table.storage import Store
+    from mvsink.table.uris import table_root
 
     store = Store(table_root(s3_target), s3_options)
     names = [f"_mvsink/x/index/d/{i:03d}.parquet" for i in range(count + 3)]
@@ -134,8 +134,8 @@ def test_deletes_go_to_the_store_the_options_name(spark, s3_target, s3_options, 
 def test_background_deletes_reach_the_store_through_long_lived_helpers(spark, s3_target, s3_options):
     """``delete_later`` on an object store goes through long-lived helper processes (the
     epoch's thread keeps the GIL), with the options, not the environment, naming the store."""
-    from mvsink.table.delta import table_root
     from mvsink.table.storage import Store, _background_deleter, wait_for_cleanup
+    from mvsink.table.uris import table_root
 
     store = Store(table_root(s3_target), s3_options)
     names = [f"_mvsink/x/index/d/{i}.parquet" for i in range(6)]
