@@ -22,13 +22,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from pyspark.sql import DataFrame
 
 from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, spark_reason
-from mvsink.config import SinkOptions
+from mvsink.config import RetryPolicy, SinkOptions
 from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time
 from mvsink.epoch.clock import transactions as clock_transactions
 from mvsink.epoch.decide import Clocked, Commit, Skip, decide
@@ -67,6 +67,37 @@ from mvsink.table.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger("mvsink.sink")
 _COMMIT = re.compile(r"_delta_log/\d{20}\.json")
+
+
+T = TypeVar("T")
+
+
+def retrying(
+    policy: RetryPolicy,
+    attempt: Callable[[int], T | Lost | None],
+    *,
+    what: str,
+    where: Where,
+    exhausted: str,
+) -> T:
+    """The one retry loop of everything that commits strictly (an epoch, a compaction): call
+    ``attempt`` with its number until it returns a result. ``Lost`` (a commit race lost,
+    nothing referenced) backs off by ``policy`` first; None starts over at once. After
+    ``policy.max_attempts`` attempts, ``RetriesExhaustedError`` with ``exhausted`` as its
+    reason."""
+    for n in range(1, policy.max_attempts + 1):
+        result = attempt(n)
+        if result is None:
+            continue
+        if not isinstance(result, Lost):
+            return result
+        pause = policy.backoff(n, random.random())
+        log.info("%s: %s %d lost a commit race (%s); retrying in %.2fs", where, what, n, result.reason, pause)
+        if n < policy.max_attempts:
+            time.sleep(pause)
+    raise RetriesExhaustedError(
+        f"lost the commit race {policy.max_attempts} times in a row; {exhausted}", where
+    )
 
 
 class Mode(Protocol):
@@ -193,40 +224,40 @@ class Epoch:
                 give_back_memory()
 
     def attempts(self) -> EpochReport:
-        """The attempt loop: each stage in order, again from a fresh snapshot after a lost
-        commit race, up to the retry policy's attempts."""
-        policy = self.opts.retry
-        for attempt in range(1, policy.max_attempts + 1):
-            snap = self.snapshot()
-            if snap is None:
-                continue  # a table appeared since the snapshot: plan against it
-            layout = self.layout(snap)
-            decision = self.decide(snap)
-            if isinstance(decision, Skip):
-                return self.skip(decision, snap, layout, attempt)
-            plan = self.mode.plan(snap, layout)
-            staged = self.stage(plan, snap, layout)
-            if not (staged.adds or staged.removes or decision.always):
-                # Nothing to change and no heartbeat due: no version (decide.py).
-                self.discard(staged, plan)
-                self.ctx.drain()
-                return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
-            outcome = self.commit(decision, staged, plan, snap, layout, attempt)
-            if isinstance(outcome, Lost):
-                self.back_off(attempt, outcome)
-                continue
-            failpoints.hit("after_commit")
-            self.mode.committed(staged)
-            desc = decision.desc
-            return self.report(
-                "committed", desc.lower, desc.upper, outcome.version, attempt, snap, staged=staged
-            )
-        raise RetriesExhaustedError(
-            f"lost the commit race {policy.max_attempts} times in a row; the epoch is not committed "
-            "(Spark will retry the batch). If another writer commits this often, raise "
-            "retry.max_attempts or make it commit less often.",
-            self.where,
+        """Attempt after attempt (``retrying``), each from a fresh snapshot."""
+        return retrying(
+            self.opts.retry,
+            self.attempt,
+            what="attempt",
+            where=self.where,
+            exhausted="the epoch is not committed (Spark will retry the batch). If another writer "
+            "commits this often, raise retry.max_attempts or make it commit less often.",
         )
+
+    def attempt(self, attempt: int) -> EpochReport | Lost | None:
+        """One attempt: each stage in order. ``Lost``: the commit race was lost; None: a table
+        appeared since the snapshot (plan against it at once)."""
+        snap = self.snapshot()
+        if snap is None:
+            return None
+        layout = self.layout(snap)
+        decision = self.decide(snap)
+        if isinstance(decision, Skip):
+            return self.skip(decision, snap, layout, attempt)
+        plan = self.mode.plan(snap, layout)
+        staged = self.stage(plan, snap, layout)
+        if not (staged.adds or staged.removes or decision.always):
+            # Nothing to change and no heartbeat due: no version (decide.py).
+            self.discard(staged, plan)
+            self.ctx.drain()
+            return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
+        outcome = self.commit(decision, staged, plan, snap, layout, attempt)
+        if isinstance(outcome, Lost):
+            return outcome
+        failpoints.hit("after_commit")
+        self.mode.committed(staged)
+        lower, upper = decision.desc.lower, decision.desc.upper
+        return self.report("committed", lower, upper, outcome.version, attempt, snap, staged=staged)
 
     # -- the stages, in order -----------------------------------------------------------------
 
@@ -364,18 +395,6 @@ class Epoch:
         if isinstance(outcome, Lost):
             self.discard(staged, plan)  # known not to have landed (I4)
         return outcome
-
-    def back_off(self, attempt: int, lost: Lost) -> None:
-        pause = self.opts.retry.backoff(attempt, random.random())
-        log.info(
-            "%s: attempt %d lost a commit race (%s); retrying in %.2fs",
-            self.where,
-            attempt,
-            lost.reason,
-            pause,
-        )
-        if attempt < self.opts.retry.max_attempts:
-            time.sleep(pause)
 
     def report(
         self,

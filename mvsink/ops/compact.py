@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 
 from mvsink.config import RetryPolicy
-from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
+from mvsink.epoch.run import retrying
+from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.catalog import locate
-from mvsink.table.delta import DataFile, Snapshot, compare_and_append, load_snapshot
+from mvsink.table.delta import DataFile, Lost, Snapshot, append, load_snapshot
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex
 from mvsink.table.record import Keys, compact_metadata
@@ -85,7 +84,8 @@ def compact(
     policy = retry or RetryPolicy()
     keys = Keys.of(name)
     small = max(2, max_rows_per_file // 4) if small_rows is None else small_rows
-    for attempt in range(1, policy.max_attempts + 1):
+
+    def one_attempt(attempt: int) -> Compaction | Lost:
         snap = load_snapshot(target, keys.frontier, options, where, engine=engine)
         if not snap.exists or snap.schema_json is None:
             raise ConfigError("there is no Delta table to compact", where)
@@ -114,35 +114,30 @@ def compact(
         except BaseException:
             _discard(store, folder, index, written)  # nothing committed: nothing can reference them
             raise
-        # From the commit call on, only a ConflictError says the files are unreferenced; any
+        # From the commit call on, only a lost race says the files are unreferenced; any
         # other error (outcome unknown, an interrupt) keeps them for vacuum.
-        try:
-            version = compare_and_append(
-                snap,
-                store,
-                adds=[w.file for w in written],
-                removes=removes,
-                app_id=keys.app_id,
-                upper=None,
-                attempt_id=uuid.uuid4().hex,
-                metadata=compact_metadata(name, len(removes), len(written)),
-                schema_json=snap.schema_json,
-                partition_by=snap.partition_by,
-                where=where,
-                transactions={keys.compacted: snap.frontier or 0},
-                data_change=False,
-            )
-        except ConflictError:  # known not to have landed
+        outcome = append(
+            snap,
+            store,
+            adds=[w.file for w in written],
+            removes=removes,
+            app_id=keys.app_id,
+            upper=None,
+            attempt_id=uuid.uuid4().hex,
+            metadata=compact_metadata(name, len(removes), len(written)),
+            schema_json=snap.schema_json,
+            partition_by=snap.partition_by,
+            where=where,
+            transactions={keys.compacted: snap.frontier or 0},
+            data_change=False,
+        )
+        if isinstance(outcome, Lost):  # known not to have landed
             _discard(store, folder, index, written)
-            pause = policy.backoff(attempt, random.random())
-            log.info("%s: compaction lost a commit race; retrying in %.2fs", where, pause)
-            time.sleep(pause)
-            continue
+            return outcome
         index.forget(f.key for f in removes)
-        return Compaction(target, name, version, len(removes), len(written), after, attempt)
-    raise ConflictError(
-        f"compaction lost the commit race {policy.max_attempts} times; nothing changed", where
-    )
+        return Compaction(target, name, outcome.version, len(removes), len(written), after, attempt)
+
+    return retrying(policy, one_attempt, what="compaction attempt", where=where, exhausted="nothing changed")
 
 
 def _stage(
