@@ -76,15 +76,14 @@ def retrying(
     policy: RetryPolicy,
     attempt: Callable[[int], T | Lost | None],
     *,
-    what: str,
-    where: Where,
-    exhausted: str,
+    lost: Callable[[int, Lost, float], None],
+    exhausted: Callable[[int], Exception],
 ) -> T:
     """The one retry loop of everything that commits strictly (an epoch, a compaction): call
     ``attempt`` with its number until it returns a result. ``Lost`` (a commit race lost,
-    nothing referenced) backs off by ``policy`` first; None starts over at once. After
-    ``policy.max_attempts`` attempts, ``RetriesExhaustedError`` with ``exhausted`` as its
-    reason."""
+    nothing referenced) is told to ``lost`` (with the pause) and backs off by ``policy``,
+    except after the last attempt; None starts over at once. After ``policy.max_attempts``
+    attempts, raises ``exhausted(max_attempts)``."""
     for n in range(1, policy.max_attempts + 1):
         result = attempt(n)
         if result is None:
@@ -92,12 +91,10 @@ def retrying(
         if not isinstance(result, Lost):
             return result
         pause = policy.backoff(n, random.random())
-        log.info("%s: %s %d lost a commit race (%s); retrying in %.2fs", where, what, n, result.reason, pause)
+        lost(n, result, pause)
         if n < policy.max_attempts:
             time.sleep(pause)
-    raise RetriesExhaustedError(
-        f"lost the commit race {policy.max_attempts} times in a row; {exhausted}", where
-    )
+    raise exhausted(policy.max_attempts)
 
 
 class Mode(Protocol):
@@ -225,14 +222,22 @@ class Epoch:
 
     def attempts(self) -> EpochReport:
         """Attempt after attempt (``retrying``), each from a fresh snapshot."""
-        return retrying(
-            self.opts.retry,
-            self.attempt,
-            what="attempt",
-            where=self.where,
-            exhausted="the epoch is not committed (Spark will retry the batch). If another writer "
-            "commits this often, raise retry.max_attempts or make it commit less often.",
-        )
+        where = self.where
+
+        def lost(n: int, race: Lost, pause: float) -> None:
+            log.info(
+                "%s: attempt %d lost a commit race (%s); retrying in %.2fs", where, n, race.reason, pause
+            )
+
+        def exhausted(n: int) -> Exception:
+            return RetriesExhaustedError(
+                f"lost the commit race {n} times in a row; the epoch is not committed (Spark will "
+                "retry the batch). If another writer commits this often, raise retry.max_attempts or "
+                "make it commit less often.",
+                where,
+            )
+
+        return retrying(self.opts.retry, self.attempt, lost=lost, exhausted=exhausted)
 
     def attempt(self, attempt: int) -> EpochReport | Lost | None:
         """One attempt: each stage in order. ``Lost``: the commit race was lost; None: a table

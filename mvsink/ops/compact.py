@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from mvsink.config import RetryPolicy
 from mvsink.epoch.run import retrying
-from mvsink.errors import ConfigError, InvariantViolation, Where
+from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
 from mvsink.table.catalog import locate
 from mvsink.table.delta import DataFile, Lost, Snapshot, append, load_snapshot
 from mvsink.table.fingerprint import I64
@@ -137,7 +137,13 @@ def compact(
         index.forget(f.key for f in removes)
         return Compaction(target, name, outcome.version, len(removes), len(written), after, attempt)
 
-    return retrying(policy, one_attempt, what="compaction attempt", where=where, exhausted="nothing changed")
+    def lost(n: int, race: Lost, pause: float) -> None:
+        log.info("%s: compaction lost a commit race; retrying in %.2fs", where, pause)
+
+    def exhausted(n: int) -> Exception:
+        return ConflictError(f"compaction lost the commit race {n} times; nothing changed", where)
+
+    return retrying(policy, one_attempt, lost=lost, exhausted=exhausted)
 
 
 def _stage(

@@ -230,7 +230,10 @@ class EpochCommit:
             secs = float(seconds) if seconds is not None else None
         except ValueError:
             secs = None
-        raw_time = info.get("mvsink.time")
+        try:  # one malformed commit must not hide every view's status
+            time = json.loads(info["mvsink.time"]) if info.get("mvsink.time") else None
+        except ValueError:
+            time = None
         return EpochCommit(
             version=int(info["version"]),
             timestamp=metadata_int(info.get("timestamp")),
@@ -246,7 +249,7 @@ class EpochCommit:
             attempts=metadata_int(info.get("mvsink.attempts")),
             seconds=secs,
             phases=str(info.get("mvsink.phases") or json.dumps({})),
-            time=json.loads(raw_time) if raw_time else None,
+            time=time,
         )
 
 

@@ -13,6 +13,15 @@ from mvsink.table.delta import Lost
 
 WHERE = Where("v", "/t", 3)
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.0, max_backoff_s=0.0)
+LOSSES: list[tuple[int, str]] = []
+
+
+def lost(n: int, race: Lost, pause: float) -> None:
+    LOSSES.append((n, race.reason))
+
+
+def exhausted(n: int) -> Exception:
+    return RetriesExhaustedError(f"lost the commit race {n} times in a row; nothing changed", WHERE)
 
 
 def test_lost_races_are_retried_until_an_attempt_lands() -> None:
@@ -22,8 +31,9 @@ def test_lost_races_are_retried_until_an_attempt_lands() -> None:
         seen.append(n)
         return Lost("version 7 was taken") if n < 3 else f"landed at attempt {n}"
 
-    assert retrying(FAST, attempt, what="attempt", where=WHERE, exhausted="x") == "landed at attempt 3"
-    assert seen == [1, 2, 3]
+    LOSSES.clear()
+    assert retrying(FAST, attempt, lost=lost, exhausted=exhausted) == "landed at attempt 3"
+    assert seen == [1, 2, 3] and LOSSES == [(1, "version 7 was taken"), (2, "version 7 was taken")]
 
 
 def test_a_restart_counts_as_an_attempt_without_backing_off(monkeypatch) -> None:
@@ -31,7 +41,7 @@ def test_a_restart_counts_as_an_attempt_without_backing_off(monkeypatch) -> None
     monkeypatch.setattr("mvsink.epoch.run.time.sleep", slept.append)
     slow = RetryPolicy(max_attempts=3, initial_backoff_s=9.0, max_backoff_s=9.0)
     results = iter([None, Lost("taken"), "done"])
-    assert retrying(slow, lambda n: next(results), what="attempt", where=WHERE, exhausted="x") == "done"
+    assert retrying(slow, lambda n: next(results), lost=lost, exhausted=exhausted) == "done"
     assert len(slept) == 1 and 4.5 <= slept[0] <= 9.0  # only the lost race backed off
 
 
@@ -39,8 +49,6 @@ def test_an_exhausted_policy_raises_with_the_reason(monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr("mvsink.epoch.run.time.sleep", slept.append)
     with pytest.raises(RetriesExhaustedError, match="4 times in a row; nothing changed") as info:
-        retrying(
-            FAST, lambda n: Lost("taken"), what="compaction attempt", where=WHERE, exhausted="nothing changed"
-        )
+        retrying(FAST, lambda n: Lost("taken"), lost=lost, exhausted=exhausted)
     assert isinstance(info.value, ConflictError) and info.value.epoch == 3
     assert len(slept) == 3  # no sleep after the last attempt

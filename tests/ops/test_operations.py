@@ -172,7 +172,7 @@ def test_verify_cli_exit_codes_with_sql_and_a_job_file(spark, tmp_path, local_ta
     job.write_text(
         f"""
 [job]
-query = "tests.test_operations:orders_revenue"
+query = "tests.ops.test_operations:orders_revenue"
 checkpoint = "{tmp_path / "ckpt"}"
 epochs = 1
 show = false
