@@ -31,7 +31,6 @@ $(STAMP): pyproject.toml
 # built from source beside the repository); without them its tests are skipped with the reason.
 DELTA_VENV := .venv-delta
 DELTA_STAMP := $(DELTA_VENV)/.mvsink-installed
-MVSINK_DELTA_JARS ?= $(abspath $(wildcard ../shared/delta-jvm/jars))
 
 $(DELTA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(DELTA_VENV)
@@ -58,7 +57,10 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	# The distributed suite once more on a standalone cluster: executors in their own JVMs.
 	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 	$(SPARK35_VENV)/bin/python -m pytest -q
-	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(MVSINK_DELTA_JARS)" $(DELTA_VENV)/bin/python -m pytest -q
+	# Its jars: MVSINK_DELTA_JARS if set, else fetched from Maven Central (jvm/delta-4.4/pom.xml,
+	# exact versions) into .jvm/delta-4.4, else ../shared/delta-jvm/jars with the reason printed.
+	jars="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4)}"; \
+		MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$$jars" $(DELTA_VENV)/bin/python -m pytest -q
 
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
 # processes for CHAOS_SECONDS; CHAOS_SEED replays one.

@@ -1,8 +1,9 @@
 """The JVM Delta runtime beside mvsink, as Spark users run it, for the Delta line.
 
-The jars come from the folder ``MVSINK_DELTA_JARS`` names (``.ci/run`` and ``make test`` point
-it at ``../shared/delta-jvm/jars``, delta-spark 4.4 built from source), or, on a machine that
-reaches Maven Central, from ``spark.jars.packages`` when ``MVSINK_DELTA_PACKAGES=1``. Otherwise
+The jars come from the folder ``MVSINK_DELTA_JARS`` names (``.ci/run`` and ``make test`` fetch
+the artifacts ``jvm/delta-4.4/pom.xml`` lists from Maven Central into ``.jvm/delta-4.4``, and
+fall back to ``../shared/delta-jvm/jars``, delta-spark 4.4 built from source, saying why), or
+from ``spark.jars.packages`` (as users add it) when ``MVSINK_DELTA_PACKAGES=1``. Otherwise
 every test of the line is skipped with the reason. delta-spark 4.4 needs PySpark 4.2.x: the
 line runs in its own virtualenv (``.venv-delta``).
 """
