@@ -59,7 +59,7 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(SPARK35_VENV)/bin/python -m pytest -q
 	# Its jars: MVSINK_DELTA_JARS if set, else fetched from Maven Central (jvm/delta-4.4/pom.xml,
 	# exact versions) into .jvm/delta-4.4, else ../shared/delta-jvm/jars with the reason printed.
-	jars="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4)}"; \
+	jars="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}"; \
 		MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$$jars" $(DELTA_VENV)/bin/python -m pytest -q
 
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
