@@ -9,6 +9,8 @@ what is here instead of an API one line lacks.
 - Spark's Arrow schema of a Spark schema: 3.5's ``to_arrow_schema`` has no ``timezone``
   argument (its timestamps are UTC already).
 - Python data sources (``pyspark.sql.datasource``, behind ``format("mvsink-delta")``) are 4.0+.
+- ``mapInArrow`` on both lines hands each column to its function by name, unquoted, so a column
+  named with a dot or a backtick does not resolve (``map_in_arrow`` works around it).
 """
 
 from __future__ import annotations
@@ -136,3 +138,33 @@ def release(*frames: Any) -> None:
                 "could not release a cached frame (left to the session): %s",
                 (str(exc).splitlines() or [type(exc).__name__])[0][:300],
             )
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Named:
+    """A ``mapInArrow`` function that sees the batch's columns under their real names, where
+    they travel under positional ones (``map_in_arrow``). Picklable as its parts."""
+
+    def __init__(self, fn: Any, names: list[str]) -> None:
+        self.fn = fn
+        self.names = names
+
+    def __call__(self, batches: Any) -> Any:
+        return self.fn(pa.RecordBatch.from_arrays(b.columns, names=self.names) for b in batches)
+
+
+def map_in_arrow(df: Any, fn: Any, schema: Any) -> Any:
+    """``df.mapInArrow(fn, schema)`` for any column names. PySpark (3.5 and 4.x, classic and
+    Connect) passes each column to the function by its name unquoted, so ``a.b`` is read as a
+    field of ``a`` and a backtick is a syntax error: such columns travel under positional names
+    and ``fn`` gets them back under their own."""
+    names = list(df.columns)
+    if all(_PLAIN_NAME.fullmatch(n) for n in names):
+        return df.mapInArrow(fn, schema)
+    from pyspark.sql import functions as F
+
+    quoted = ["`" + n.replace("`", "``") + "`" for n in names]
+    moved = df.select(*[F.col(q).alias(f"_mvsink_col{i}") for i, q in enumerate(quoted)])
+    return moved.mapInArrow(_Named(fn, names), schema)

@@ -474,3 +474,25 @@ def test_a_fetch_lacking_a_fingerprint_has_spark_tasks_write_the_rows(spark, tmp
     assert (report.inserted, report.retracted) == (5, 5)
     assert any("written by Spark tasks" in r.getMessage() for r in caplog.records)
     assert_equal_to(target, desired)
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert", "append"])
+def test_columns_named_with_dots_and_backticks_are_written_in_every_mode(spark, target, placement, mode):
+    """Spark's ``mapInArrow`` hands its tasks each column by name, unquoted, so such a column
+    did not resolve and the epoch failed (``compat.map_in_arrow``)."""
+
+    def view(ids: range) -> DataFrame:
+        return spark.range(ids.start, ids.stop).selectExpr(
+            "id AS `a.b`", "cast(id % 3 AS string) AS `c``d`", "id * 1.5 AS x"
+        )
+
+    keyed = {"key": ["a.b"]} if mode == "upsert" else {}
+    sink = MVSink(target, "dots", placement=placement, mode=mode, max_rows_per_file=8, **keyed)
+    sink(view(range(0, 20)), 0)
+    sink(view(range(10, 30)), 1)
+    expected = {
+        "complete": view(range(10, 30)),
+        "upsert": view(range(0, 30)),
+        "append": view(range(0, 20)).unionAll(view(range(10, 30))),
+    }[mode]
+    assert_equal_to(target, expected)

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from mvsink.compat import from_arrow, to_arrow
+from mvsink.compat import from_arrow, map_in_arrow, to_arrow
 from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.delta import RETENTION, Snapshot, table_retention_us
 from mvsink.table.index import HIDDEN
@@ -304,7 +304,7 @@ class NewSet:
             written = [_write_part(store, base, self.rows.cast(self.schema))] if self.rows.num_rows else []
         else:
             # One part per task; what comes back is a row per task.
-            done = to_arrow(self.rows.mapInArrow(_PartWriter(store, base, self.schema), _WRITTEN))
+            done = to_arrow(map_in_arrow(self.rows, _PartWriter(store, base, self.schema), _WRITTEN))
             written = [
                 (p, int(r), None if o is None else int(o))
                 for p, r, o in zip(

@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mvsink.compat import release
+from mvsink.compat import map_in_arrow, release
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
@@ -386,7 +386,7 @@ class Upsert:
         out = StructType([*fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
         decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
-        decided = both.repartition(*keys).sortWithinPartitions(*keys).mapInArrow(decider, out)
+        decided = map_in_arrow(both.repartition(*keys).sortWithinPartitions(*keys), decider, out)
         decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
         self.attempt.append(decided)
         with ctx.phase("diff"):

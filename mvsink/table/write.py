@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from mvsink import failpoints
-from mvsink.compat import from_arrow, to_arrow
+from mvsink.compat import from_arrow, map_in_arrow, to_arrow
 from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageError, Where, first_line
 from mvsink.table.delta import DataFile, NewFile
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
@@ -631,7 +631,7 @@ def write_frame(
         store, folder, layout.arrow, layout.partition_by, max_rows_per_file, index, changes, carried, ruled
     )
     try:
-        table = to_arrow(rows.mapInArrow(task, _FILES))
+        table = to_arrow(map_in_arrow(rows, task, _FILES))
     except Exception as exc:
         raise_task_errors(exc, where)
         raise
@@ -765,7 +765,7 @@ def rewrite_frame(
     entries written by the tasks)."""
     task = _TaskRewriter(store, folder, layout, max_rows_per_file, index, changes, vectors)
     try:
-        table = to_arrow(rewrites.frame.mapInArrow(task, _FILES))
+        table = to_arrow(map_in_arrow(rewrites.frame, task, _FILES))
     except Exception as exc:
         raise_task_errors(exc, where)
         raise
