@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from mvsink import MVSink
-from tests.helpers import target_table
+from tests.helpers import live_files, spark_read_listed, store, target_table
 
 LONG = "n" * 40
 PLACEHOLDER = "\x000\x00"  # once taken for a decimal by the stats' JSON
@@ -186,6 +187,15 @@ def test_a_date_no_bound_can_hold_commits_without_its_bound(spark, tmp_path, pla
     assert all(one["maxValues"]["d"] <= "9999-12-31" for one in stats if "d" in one["maxValues"])
 
 
+def footer_says_proleptic(target: str, path: str) -> bool:
+    with store(target).fs.open_input_file(path) as fh:
+        meta = pq.ParquetFile(fh).metadata.metadata or {}
+    return (
+        meta.get(b"org.apache.spark.version", b"0") >= b"3.0.0"
+        and b"org.apache.spark.legacyDateTime" not in meta
+    )
+
+
 def test_a_null_filter_on_a_float_column_holding_nan_finds_its_nulls(spark, tmp_path):
     target = str(tmp_path / "view")
     rows = [(1, 1.0), (2, float("nan")), (5, None), (6, 3.0)]
@@ -195,3 +205,33 @@ def test_a_null_filter_on_a_float_column_holding_nan_finds_its_nulls(spark, tmp_
     dataset = DeltaTable(target).to_pyarrow_dataset()
     assert dataset.to_table(filter=_field("x").is_null()).column("k").to_pylist() == [5]
     assert sorted(dataset.to_table(filter=_field("x").is_valid()).column("k").to_pylist()) == [1, 2, 6]
+
+
+_MICRO = dt.timedelta(microseconds=1)
+ANCIENT = [
+    (1, dt.date(1, 1, 1), dt.datetime(1, 1, 1, tzinfo=dt.UTC)),
+    (2, dt.date(1582, 10, 4), dt.datetime(1582, 10, 15, 12, tzinfo=dt.UTC)),
+    (3, dt.date(1899, 12, 31), dt.datetime(1899, 12, 31, 23, 59, 59, tzinfo=dt.UTC)),
+    (4, dt.date(2024, 1, 1), dt.datetime(2024, 1, 1, tzinfo=dt.UTC)),
+]
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_spark_reads_a_view_of_ancient_dates_with_its_default_settings(spark, tmp_path, placement, mode):
+    # Spark 3.5 refuses to read a Parquet file holding dates before 1582 or timestamps before
+    # 1900 (READ_ANCIENT_DATETIME) unless the file says which calendar wrote it: its default
+    # datetimeRebaseModeInRead is EXCEPTION. Every file mvsink writes says so; Spark must read
+    # such a view, after rewrites too, as written, without a setting changed.
+    target = str(tmp_path / "view")
+    schema = "k long, d date, t timestamp"
+    keys = {"key": ["k"]} if mode == "upsert" else {}
+    sink = MVSink(target, "ancient", mode=mode, placement=placement, max_rows_per_file=2, **keys)
+    assert sink(spark.createDataFrame(ANCIENT, schema), 0).outcome == "committed"
+    changed = [ANCIENT[0], (2, dt.date(1, 6, 1), ANCIENT[1][2]), *ANCIENT[2:]]
+    assert sink(spark.createDataFrame(changed, schema), 1).outcome == "committed"  # a rewrite
+    for key in ("datetimeRebaseModeInRead", "int96RebaseModeInRead"):
+        assert spark.conf.get(f"spark.sql.parquet.{key}") in ("EXCEPTION", "CORRECTED")  # defaults
+    read = spark_read_listed(spark, target).selectExpr("k", "d", "unix_micros(t) AS t").collect()
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    assert sorted(tuple(r) for r in read) == sorted((k, d, (t - epoch) // _MICRO) for k, d, t in changed)
+    assert all(footer_says_proleptic(target, path) for path in live_files(target))

@@ -54,6 +54,15 @@ DELETE_THREADS = 16
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _COMPRESSION = "snappy"
 
+SPARK_CALENDAR = {"org.apache.spark.version": "3.0.0"}
+"""Footer metadata every Parquet file mvsink writes carries: that its dates and timestamps are
+proleptic Gregorian, as Spark 3.0 and later write them (so does Arrow). Spark decides how to read
+a file's dates from this key: a file without it gets ``datetimeRebaseModeInRead``, which on 3.5
+defaults to ``EXCEPTION``, so a view holding ``date '0001-01-01'`` or a timestamp before 1900
+would fail every read on Spark 3.5 and Delta 3.x (``READ_ANCIENT_DATETIME``). With the key,
+a version of at least 3.0.0 and no ``org.apache.spark.legacyDateTime``, Spark reads the values
+as written, whatever its settings."""
+
 
 def dictionary_columns(data: pa.Table) -> list[str] | bool:
     """The columns of ``data`` worth a dictionary in Parquet: those whose distinct values are
@@ -195,6 +204,7 @@ class Store:
             write_statistics=footer_statistics(data.schema, nan),
         )
         writer.write_table(data, row_group_size=1 << 20)
+        writer.add_key_value_metadata(SPARK_CALENDAR)
         writer.close()
         buf = sink.getvalue()
         n, stats = metadata_stats(writer.writer.metadata, data, nan)
