@@ -56,7 +56,9 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	$(BIN)/python -m pytest -q
 	# The distributed suite once more on a standalone cluster: executors in their own JVMs.
 	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
-	$(SPARK35_VENV)/bin/python -m pytest -q
+	# PySpark 3.5 ships no Connect server: its jar comes from Maven Central (jvm/connect-3.5/pom.xml).
+	MVSINK_CONNECT_JARS="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}" \
+		$(SPARK35_VENV)/bin/python -m pytest -q
 	# Its jars: MVSINK_DELTA_JARS if set, else fetched from Maven Central (jvm/delta-4.4/pom.xml,
 	# exact versions) into .jvm/delta-4.4, else ../shared/delta-jvm/jars with the reason printed.
 	jars="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}"; \

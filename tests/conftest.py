@@ -18,12 +18,14 @@ to some reader or writer fails the test.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pyspark
 import pytest
@@ -233,20 +235,26 @@ _CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _CONNECT_ENV = ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_API_MODE")
 
 
+class ConnectServer(NamedTuple):
+    url: str
+    log: Path  # the server's output: where a foreachBatch error's message is on Spark 3.5
+
+
 @pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterator[str]:
-    """A Spark Connect server (local[2]) in a subprocess; yields its URL. The classic session
-    starts first: a SparkContext cannot start once the process is in Connect mode."""
+def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> Iterator[ConnectServer]:
+    """A Spark Connect server (local[2]) in a subprocess; yields its URL and log. The classic
+    session starts first: a SparkContext cannot start once the process is in Connect mode."""
     home = os.path.dirname(pyspark.__file__)
     extra: list[str] = []
-    if SPARK_LINE < (4, 0):  # PySpark 3.5 ships no Connect server: it is a Maven package
-        if not os.environ.get("MVSINK_CONNECT_PACKAGES"):
+    if SPARK_LINE < (4, 0):  # PySpark 3.5 ships no Connect server: its jar is a Maven artifact
+        jars = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_CONNECT_JARS", ""), "*.jar")))
+        if not jars:
             pytest.skip(
                 "Spark Connect on 3.5 needs its server's jar (org.apache.spark:spark-connect_2.12), "
-                "which PySpark 3.5 on PyPI does not ship: set MVSINK_CONNECT_PACKAGES=1 where Maven "
-                "Central is reachable"
+                "which PySpark 3.5 on PyPI does not ship: set MVSINK_CONNECT_JARS to a folder "
+                "holding it (`make test` fetches it from Maven Central: jvm/connect-3.5/pom.xml)"
             )
-        extra = ["--packages", f"org.apache.spark:spark-connect_2.12:{pyspark.__version__}"]
+        extra = ["--jars", ",".join(jars)]
     port = free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in _CONNECT_ENV}
@@ -281,18 +289,23 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession
         )
     try:
         wait_for_port(proc, port, "Spark Connect server", log)
-        yield f"sc://127.0.0.1:{port}"
+        yield ConnectServer(f"sc://127.0.0.1:{port}", log)
     finally:
         stop(proc)
 
 
 @pytest.fixture(scope="session")
-def connect_session(connect_server: str) -> Iterator[SparkSession]:
-    from pyspark.sql.connect.client.retries import DefaultPolicy
+def connect_session(connect_server: ConnectServer) -> Iterator[SparkSession]:
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
-    session = RemoteSession.builder.remote(connect_server).getOrCreate()
-    session.client.set_retry_policies([DefaultPolicy(max_retries=3, max_backoff=1000)])
+    session = RemoteSession.builder.remote(connect_server.url).getOrCreate()
+    # A dead server fails a test in seconds, not after the client's ten minutes of retries.
+    if SPARK_LINE < (4, 0):
+        session.client._retry_policy.update(max_retries=3, max_backoff=1000)
+    else:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        session.client.set_retry_policies([DefaultPolicy(max_retries=3, max_backoff=1000)])
     yield session
     session.stop()  # before the server goes
 
