@@ -46,7 +46,7 @@ SPARK35_STAMP := $(SPARK35_VENV)/.mvsink-installed
 $(SPARK35_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(SPARK35_VENV)
 	$(SPARK35_VENV)/bin/pip install --quiet --upgrade pip
-	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev,spark35]'
+	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev,spark35,interop]'
 	@touch $(SPARK35_STAMP)
 
 demo: $(STAMP)
@@ -58,6 +58,10 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 	# PySpark 3.5 ships no Connect server: its jar comes from Maven Central (jvm/connect-3.5/pom.xml).
 	MVSINK_CONNECT_JARS="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}" \
+		$(SPARK35_VENV)/bin/python -m pytest -q
+	# The 3.5 line's Delta: delta-spark 3.3 (jvm/delta-3.3/pom.xml), tests/interop and the
+	# behaviour suites on its engine, as the Delta line below does with 4.4.
+	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$${MVSINK_DELTA33_JARS:-$$(scripts/jvm_jars.sh delta-3.3)}" \
 		$(SPARK35_VENV)/bin/python -m pytest -q
 	# Its jars: MVSINK_DELTA_JARS if set, else fetched from Maven Central (jvm/delta-4.4/pom.xml,
 	# exact versions) into .jvm/delta-4.4, else ../shared/delta-jvm/jars with the reason printed.

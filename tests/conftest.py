@@ -71,8 +71,8 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     """Whether this line runs ``item``. The main line runs everything on delta-rs (on Spark
-    3.5, S3 only where Spark reaches it). The Delta line runs tests/interop, and the
-    behaviour suites on delta-spark:
+    3.5, S3 only where Spark reaches it, and not the ``newest_line`` runs). The Delta lines run
+    tests/interop, and the behaviour suites on delta-spark:
     - on local disk (the session's Delta reaches S3 through Hadoop's S3A, whose jars these
       machines do not have; tests/interop covers the refusal of its single-driver S3 commits);
     - in classic sessions (under Spark Connect the engine is refused by design);
@@ -81,6 +81,8 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     - not tests marked ``single_engine``."""
     module = item.nodeid.split("::")[0]
     if not DELTA_LINE:
+        if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
+            return False
         return chosen.get("engine") != "delta-spark" and (
             # On Spark 3.5 the stores are reached as on 4.x (Arrow and delta-rs, not Spark): S3
             # there only where Spark's own tasks reach it, and for the stores' own suite.

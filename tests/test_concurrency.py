@@ -147,6 +147,7 @@ def expected_after(mode: str, epoch: int) -> Counter:
     indirect=["target"],
     ids=["s3-complete", "local-upsert"],
 )
+@pytest.mark.newest_line
 def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode, engine):
     epochs = 5
     go = str(tmp_path / "go")

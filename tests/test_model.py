@@ -58,7 +58,7 @@ from tests.helpers import target_table, versions
 from tests.reference_model import Row, Shape, Sink, View
 
 # Commits go through delta-rs here: the Delta line's engine is the other suites' business.
-pytestmark = pytest.mark.single_engine
+pytestmark = [pytest.mark.single_engine, pytest.mark.newest_line]
 
 NAME = "m"
 PROFILES = ("complete", "append", "upsert", "upsert_tombstones")

@@ -40,8 +40,9 @@ from mvsink.errors import EngineRefused, EngineUnavailable, MVSinkError, first_l
 from mvsink.table import record
 from mvsink.table.stats import loosened
 
-TESTED = ("4.4.",)
-"""Delta releases (prefixes) whose internals this module was tested against."""
+TESTED = ("4.4.", "3.3.")
+"""Delta releases (prefixes) whose internals this module was tested against: 4.4 on Spark 4.2,
+3.3 on Spark 3.5."""
 ENGINES = ("auto", "delta-rs", "delta-spark")
 COMMIT_CONF = "spark.databricks.delta.maxCommitAttempts"
 COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits")
@@ -79,7 +80,9 @@ class JvmDelta:
         if not self.version.startswith(TESTED):
             raise EngineUnavailable(
                 f"the delta-spark engine was tested with Delta {', '.join(t + 'x' for t in TESTED)}; "
-                f"this session runs Delta {self.version}, whose internals it does not know"
+                f"this session runs Delta {self.version}, whose internals it does not know: put a "
+                "tested delta-spark in the session (spark.jars.packages, docs/engines.md), or "
+                "engine='delta-rs' where delta-rs can write the table"
             )
 
     def _module(self, name: str) -> Any:
@@ -88,18 +91,19 @@ class JvmDelta:
         loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
         return jvm.java.lang.Class.forName(name, True, loader).getField("MODULE$").get(None)
 
+    # Scala collections built with what Scala 2.12 (Delta 3.3) and 2.13 (Delta 4) share: their
+    # Java converters differ, a List's ``::`` and an immutable Map's ``updated`` do not.
     def _seq(self, items: Sequence[Any]) -> Any:
-        array = self._jvm.java.util.ArrayList()
-        for item in items:
-            array.add(item)
-        return self._jvm.scala.jdk.javaapi.CollectionConverters.asScala(array).toList()
+        out = self._module("scala.collection.immutable.Nil$")
+        for item in reversed(items):
+            out = getattr(out, "$colon$colon")(item)
+        return out
 
     def _map(self, items: Mapping[str, str]) -> Any:
-        table = self._jvm.java.util.HashMap()
+        out = self._module("scala.collection.immutable.Map$").empty()
         for key, value in items.items():
-            table.put(key, value)
-        scala = self._jvm.scala.jdk.javaapi.CollectionConverters.asScala(table)
-        return getattr(self._module("scala.collection.immutable.Map$"), "from")(scala)
+            out = out.updated(key, value)
+        return out
 
     def check_table(self, root: str, version: int, table_id: str, features: frozenset[str]) -> None:
         """Refuse, before anything is staged, a table this engine must not commit to: one the
@@ -113,8 +117,7 @@ class JvmDelta:
                 "which mvsink's reading of the Delta log does not follow"
             )
         none = self._jvm.scala.Option.empty()
-        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
-        snapshot = delta_log.update(False, none, none)
+        snapshot = self._log(root).update(False, none, none)
         seen, seen_id = int(snapshot.version()), str(snapshot.metadata().id())
         if seen < version or seen_id != table_id:
             raise EngineUnavailable(
@@ -165,10 +168,18 @@ class JvmDelta:
         the snapshot's own state (Delta caches it per snapshot)."""
         from pyspark.sql import DataFrame
 
-        none = self._jvm.scala.Option.empty()
-        delta_log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
-        snapshot = delta_log.getSnapshotAt(version, none, none, False)
+        snapshot = self._snapshot_at(self._log(root), version)
         return DataFrame(snapshot.allFiles().toDF(), self._spark)
+
+    def _log(self, root: str) -> Any:
+        return self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
+
+    def _snapshot_at(self, delta_log: Any, version: int) -> Any:
+        """The snapshot of ``version``: Delta 4 takes a catalog table and a flag more than 3.3."""
+        none = self._jvm.scala.Option.empty()
+        if self.version.startswith("3."):
+            return delta_log.getSnapshotAt(version, none, none)
+        return delta_log.getSnapshotAt(version, none, none, False)
 
     def deletion_vectors(self, root: str, version: int) -> tuple[dict[str, dict[str, Any]], int, int]:
         """The deletion vector descriptors of the files of ``version`` that have one, by the
@@ -239,10 +250,9 @@ class JvmDelta:
         attempt, and returns the version it landed as. On local disk the call first waits
         for the table's commit turn (``commit_turn``)."""
         jvm = self._jvm
-        none = jvm.scala.Option.empty()
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._jspark, jvm_path(root))
-        snapshot = delta_log.getSnapshotAt(read_version, none, none, False)
-        txn = delta_log.startTransaction(none, jvm.scala.Some(snapshot))
+        delta_log = self._log(root)
+        snapshot = self._snapshot_at(delta_log, read_version)
+        txn = delta_log.startTransaction(jvm.scala.Option.empty(), jvm.scala.Some(snapshot))
         # One attempt (``COMMIT_CONF``): the call fails if any commit holds the version, data
         # or app transactions alike, so nothing is registered as read. (Reading an app
         # transaction's version, ``txnVersion``, made Delta compute the whole table's state, a

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -55,6 +56,7 @@ def desired(epoch: int) -> Counter[Any]:
     )
 
 
+@pytest.mark.newest_line
 def test_replicas_under_faults_keep_every_version_exact(spark, s3_target, faults: FaultyS3):
     seed = int(os.environ.get("CHAOS_SEED", "20261124"))  # make chaos draws a new one
     epochs = int(os.environ.get("CHAOS_EPOCHS", "10"))

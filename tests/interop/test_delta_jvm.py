@@ -1,4 +1,5 @@
-"""mvsink beside the JVM Delta runtime (delta-spark 4.4): what Spark users see of a view.
+"""mvsink beside the JVM Delta runtime (delta-spark 4.4 on Spark 4.2, 3.3 on 3.5): what Spark
+users see of a view.
 
 Spark's own Delta reader reads every version of a view; Delta's own DML between epochs is
 repaired; tables Spark makes with features delta-rs cannot write are refused before staging,
@@ -431,6 +432,7 @@ def drain(stream: DataFrame, checkpoint: str) -> pa.Table:
     return pa.concat_tables(batches) if batches else pa.table({})
 
 
+@pytest.mark.spark4("mvsink-delta is a Python data source")
 def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change_feed(spark, tmp_path):
     """What docs/readers.md says. Delta's own streaming source follows insert-only epochs and
     compactions, and stops at the first correction; a new query reads the current version
@@ -1019,3 +1021,65 @@ def test_an_epoch_through_the_sessions_delta_is_a_streaming_update_with_an_exact
             files.num_rows,
             sum(files.column("size_bytes").to_pylist()),
         ), f"version {version}"
+
+
+def test_delta_reads_a_view_of_ancient_dates_and_its_change_feed_with_default_settings(spark, tmp_path):
+    """A view holding ``date '0001-01-01'`` and timestamps before 1900, on a table with Change
+    Data Feed: Delta's reader (3.3 on Spark 3.5, whose datetimeRebaseModeInRead is EXCEPTION by
+    default; 4.4 on Spark 4.2) reads every version and the feed's change files, values unchanged
+    (every file mvsink writes says its calendar, ``table/storage.SPARK_CALENDAR``)."""
+    target = str(tmp_path / "view")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (k BIGINT, d DATE, t TIMESTAMP) USING DELTA "
+        "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')"
+    )
+    ancient = (
+        "SELECT id AS k, date_add(DATE'0001-01-01', CAST(id * {step} AS INT)) AS d, "
+        "timestamp_micros(-62135596800000000 + id * {step} * 86400000000) AS t FROM range(0, 6)"
+    )
+    sink = MVSink(target, "ancient", max_rows_per_file=2)
+    versions_ = []
+    for epoch, step in enumerate((1, 1, 2)):
+        desired = spark.sql(ancient.format(step=step)).where(f"k != {epoch}")
+        versions_.append((sink(desired, epoch).version, desired))
+    as_numbers = ["k", "unix_date(d) AS d", "unix_micros(t) AS t"]
+    previous: Counter[Any] = Counter()
+    for version, desired in versions_:
+        want = Counter(map(tuple, desired.selectExpr(*as_numbers).collect()))
+        read = spark.read.format("delta").option("versionAsOf", version).load(target)
+        assert Counter(map(tuple, read.selectExpr(*as_numbers).collect())) == want
+        feed = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", version)
+            .option("endingVersion", version)
+            .load(target)
+            .selectExpr(*as_numbers, "_change_type")
+            .collect()
+        )
+        changes = {kind: Counter(tuple(r[:3]) for r in feed if r[3] == kind) for kind in ("delete", "insert")}
+        assert changes == {"delete": previous - want, "insert": want - previous}, version
+        previous = want
+
+
+def test_a_delta_release_the_engine_was_not_tested_with_is_refused_before_staging(
+    spark, tmp_path, monkeypatch
+):
+    """The engine reaches Delta's internals: on a release it was not tested with (here, as if
+    the session's were one), a table that needs it is refused, naming the release and what to
+    change, with the folder as it was."""
+    import mvsink.table.jvm_delta
+
+    target = str(tmp_path / "view")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id BIGINT, name STRING) USING DELTA "
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    )
+    before = sorted(store(target).files(""))
+    monkeypatch.setattr(mvsink.table.jvm_delta, "TESTED", ("9.9.",))
+    with pytest.raises(UnsupportedTableError, match=r"spark\.jars\.packages") as info:
+        MVSink(target, "v")(view(spark, range(0, 4)).select("id", "name"), 0)
+    message = str(info.value)
+    assert "tested with Delta 9.9.x" in message and "whose internals it does not know" in message
+    assert "nothing was staged" in message
+    assert sorted(store(target).files("")) == before

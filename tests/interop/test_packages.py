@@ -1,8 +1,9 @@
 """The JVM Delta runtime as Spark users add it: ``spark.jars.packages`` resolved by Spark itself
 from Maven Central, not the jars the rest of the Delta line loads (``tests/delta_session.py``).
 
-A session of its own (a new JVM, in a subprocess) with
-``spark.jars.packages=io.delta:delta-spark_2.13:4.4.0`` and Delta's extensions keeps a view on
+A session of its own (a new JVM, in a subprocess) with the line's package in
+``spark.jars.packages`` (``io.delta:delta-spark_2.13:4.4.0`` on Spark 4.2,
+``io.delta:delta-spark_2.12:3.3.2`` on 3.5) and Delta's extensions keeps a view on
 the ``delta-spark`` engine for two epochs; Spark's own Delta reader reads every version back.
 Spark resolves from Maven Central alone (``spark.jars.ivySettings``): its default settings
 try the machine's ``~/.m2`` first, where ``mvn`` may have left a pom without its jar, which

@@ -179,6 +179,7 @@ def test_background_deletes_run_in_parallel_and_a_hung_store_is_given_up_on(sile
     assert len(silent.requests()) == len(names)  # the dropped job never ran
 
 
+@pytest.mark.newest_line
 def test_a_process_whose_deletes_hang_exits_within_the_bound(silent, tmp_path):
     """As the CLI does, a process that queued deletes waits for them before it exits, and never
     longer than ``CLEANUP_WAIT`` however long the store takes to answer (at exit too)."""
