@@ -190,10 +190,11 @@ def test_a_date_no_bound_can_hold_commits_without_its_bound(spark, tmp_path, pla
 def footer_says_proleptic(target: str, path: str) -> bool:
     with store(target).fs.open_input_file(path) as fh:
         meta = pq.ParquetFile(fh).metadata.metadata or {}
-    return (
-        meta.get(b"org.apache.spark.version", b"0") >= b"3.0.0"
-        and b"org.apache.spark.legacyDateTime" not in meta
-    )
+    # Spark reads dates as written from 3.0.0 on, INT96 timestamps from 3.1.0 on.
+    return meta.get(b"org.apache.spark.version", b"0") >= b"3.1.0" and not {
+        b"org.apache.spark.legacyDateTime",
+        b"org.apache.spark.legacyINT96",
+    } & set(meta)
 
 
 def test_a_null_filter_on_a_float_column_holding_nan_finds_its_nulls(spark, tmp_path):

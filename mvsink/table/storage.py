@@ -54,14 +54,15 @@ DELETE_THREADS = 16
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _COMPRESSION = "snappy"
 
-SPARK_CALENDAR = {"org.apache.spark.version": "3.0.0"}
-"""Footer metadata every Parquet file mvsink writes carries: that its dates and timestamps are
-proleptic Gregorian, as Spark 3.0 and later write them (so does Arrow). Spark decides how to read
-a file's dates from this key: a file without it gets ``datetimeRebaseModeInRead``, which on 3.5
-defaults to ``EXCEPTION``, so a view holding ``date '0001-01-01'`` or a timestamp before 1900
-would fail every read on Spark 3.5 and Delta 3.x (``READ_ANCIENT_DATETIME``). With the key,
-a version of at least 3.0.0 and no ``org.apache.spark.legacyDateTime``, Spark reads the values
-as written, whatever its settings."""
+SPARK_CALENDAR = {"org.apache.spark.version": "3.5.0"}
+"""Footer metadata of every data, rewrite, change and tombstone file mvsink writes: that its
+dates and timestamps are proleptic Gregorian, as Spark 3.0 and later write them (so does Arrow).
+Spark decides how to read a file's dates from this key: a file without it gets
+``datetimeRebaseModeInRead``, which on 3.5 defaults to ``EXCEPTION``, so a view holding
+``date '0001-01-01'`` or a timestamp before 1900 would fail every read on Spark 3.5 and Delta 3.x
+(``READ_ANCIENT_DATETIME``). With the key and no ``org.apache.spark.legacyDateTime``, Spark reads
+dates and INT64 timestamps as written (a version from 3.0.0 on) and INT96 timestamps too (from
+3.1.0 on; mvsink writes none), whatever its settings."""
 
 
 def dictionary_columns(data: pa.Table) -> list[str] | bool:

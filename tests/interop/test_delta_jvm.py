@@ -432,40 +432,52 @@ def drain(stream: DataFrame, checkpoint: str) -> pa.Table:
     return pa.concat_tables(batches) if batches else pa.table({})
 
 
-@pytest.mark.spark4("mvsink-delta is a Python data source")
-def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change_feed(spark, tmp_path):
-    """What docs/readers.md says. Delta's own streaming source follows insert-only epochs and
-    compactions, and stops at the first correction; a new query reads the current version
-    whole; skipChangeCommits runs on but drops every correction (its retractions and the rows
-    inserted beside them); ignoreChanges re-emits rewritten files whole; mvsink-delta's change
-    feed sums to the view at every version."""
-    from mvsink.ops.compact import compact
-    from mvsink.sources.reader import register
+STREAM_COLS = ["id", "name", "x", "day", "amount", "at"]
 
-    target = str(tmp_path / "view")
-    cols = ["id", "name", "x", "day", "amount", "at"]
-    rows = lambda df: multiset(to_arrow(df), cols)  # noqa: E731
+
+def corrected_view(spark: SparkSession, target: str, before_correction: Any = None) -> DataFrame:
+    """Keep a view through five versions: two epochs, the second inserts only (0, 1), a
+    compaction (2), a correction retracting 0..2 and inserting 100 and 101 (3), and a pure
+    append (4); ``before_correction`` runs before version 3. Returns the final view."""
+    from mvsink.ops.compact import compact
+
     sink = MVSink(target, "v", max_rows_per_file=5, heartbeat=0)
     sink(view(spark, range(0, 10)), 0)
     sink(view(spark, range(0, 15)), 1)  # inserts only: a pure append
     assert compact(target, "v", max_rows_per_file=50).version == 2  # dataChange = false
-    plain = spark.readStream.format("delta").option("startingVersion", "0").load(target)
-    assert multiset(drain(plain, str(tmp_path / "plain")), cols) == rows(view(spark, range(0, 15)))
+    if before_correction is not None:
+        before_correction()
     corrected = view(spark, range(3, 15)).unionByName(view(spark, range(100, 102), tag="new"))
     sink(corrected, 3)  # retracts 0..2, inserts 100 and 101: a correction
     final = corrected.unionByName(view(spark, range(15, 18)))
     sink(final, 4)  # a pure append again
     assert versions(target) == [0, 1, 2, 3, 4]
+    return final
 
+
+def test_deltas_own_streaming_source_follows_a_view_only_up_to_its_first_correction(spark, tmp_path):
+    """What docs/readers.md says. Delta's own streaming source follows insert-only epochs and
+    compactions, and stops at the first correction; a new query reads the current version
+    whole; skipChangeCommits runs on but drops every correction (its retractions and the rows
+    inserted beside them); ignoreChanges re-emits rewritten files whole."""
+    target = str(tmp_path / "view")
+    rows = lambda df: multiset(to_arrow(df), STREAM_COLS)  # noqa: E731
+    plain = lambda: spark.readStream.format("delta").option("startingVersion", "0").load(target)  # noqa: E731
+
+    def follow() -> None:
+        got = multiset(drain(plain(), str(tmp_path / "plain")), STREAM_COLS)
+        assert got == rows(view(spark, range(0, 15)))
+
+    final = corrected_view(spark, target, before_correction=follow)
     with pytest.raises(Exception, match="DELTA_SOURCE_TABLE_IGNORE_CHANGES"):
-        drain(plain, str(tmp_path / "plain"))  # the same query, going on from version 3
+        drain(plain(), str(tmp_path / "plain"))  # the same query, going on from version 3
 
     fresh = drain(spark.readStream.format("delta").load(target), str(tmp_path / "fresh"))
-    assert multiset(fresh, cols) == rows(final)  # the current version, whole
+    assert multiset(fresh, STREAM_COLS) == rows(final)  # the current version, whole
 
     def from_zero(option: str) -> Counter[Any]:
         stream = spark.readStream.format("delta").option("startingVersion", "0").option(option, "true")
-        return multiset(drain(stream.load(target), str(tmp_path / option)), cols)
+        return multiset(drain(stream.load(target), str(tmp_path / option)), STREAM_COLS)
 
     got = from_zero("skipChangeCommits")
     assert got == rows(view(spark, range(0, 18)))  # versions 0, 1 and 4 only
@@ -474,6 +486,15 @@ def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change
     again = from_zero("ignoreChanges")
     assert max(again.values()) > 1 and sum(again.values()) > sum(rows(final).values()) + 3  # duplicates
 
+
+@pytest.mark.spark4("mvsink-delta is a Python data source")
+def test_the_mvsink_delta_change_feed_sums_to_the_view_at_every_version(spark, tmp_path):
+    """Where Delta's own source stops or drifts (the test above), mvsink-delta's change feed of
+    the same view sums to the view at every version."""
+    from mvsink.sources.reader import register
+
+    target = str(tmp_path / "view")
+    corrected_view(spark, target)
     register(spark)
     feed = drain(
         spark.readStream.format("mvsink-delta").option("path", target).option("mode", "changes").load(),
@@ -483,9 +504,9 @@ def test_a_downstream_stream_follows_a_view_only_through_the_mvsink_delta_change
     total: Counter[Any] = Counter()
     for version in range(5):
         part = feed.filter(pc.equal(feed.column("_commit_version"), version))
-        for key, n in multiset(part, [*cols, "diff"]).items():
+        for key, n in multiset(part, [*STREAM_COLS, "diff"]).items():
             total[key[:-1]] += key[-1] * n
-        assert +total == multiset(target_table(target, version), cols), f"version {version}"
+        assert +total == multiset(target_table(target, version), STREAM_COLS), f"version {version}"
         assert all(n >= 0 for n in total.values())
 
 
