@@ -53,7 +53,7 @@ from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.delta import RETENTION, Snapshot, table_retention_us
 from mvsink.table.index import HIDDEN
 from mvsink.table.record import Keys
-from mvsink.table.storage import SPARK_CALENDAR, Store
+from mvsink.table.storage import ParquetWriter, Store
 from mvsink.table.write import SideFiles, in_task
 
 log = logging.getLogger(__name__)
@@ -323,9 +323,8 @@ class NewSet:
 def _write_part(store: Store, base: str, rows: pa.Table) -> tuple[str, int, int | None]:
     path = f"{base}/part-{uuid.uuid4().hex}.parquet"
     out = pa.BufferOutputStream()
-    with pq.ParquetWriter(out, rows.schema) as writer:
+    with ParquetWriter(out, rows.schema) as writer:
         writer.write_table(rows)
-        writer.add_key_value_metadata(SPARK_CALENDAR)
     store.put(path, out.getvalue())
     oldest = pc.min(rows.column(DELETED_AT)).as_py() if rows.num_rows else None
     return path, rows.num_rows, oldest
@@ -344,7 +343,7 @@ class _PartWriter:
         out = pa.BufferOutputStream()
         n, oldest = 0, None
         with in_task(f"writing tombstones under {self.base}"):
-            with pq.ParquetWriter(out, self.schema) as writer:  # batch by batch: rows stay compressed
+            with ParquetWriter(out, self.schema) as writer:  # batch by batch: rows stay compressed
                 for batch in batches:
                     if batch.num_rows == 0:
                         continue
@@ -353,7 +352,6 @@ class _PartWriter:
                     n += rows.num_rows
                     low = pc.min(rows.column(DELETED_AT)).as_py()
                     oldest = low if oldest is None else min(oldest, low)
-                writer.add_key_value_metadata(SPARK_CALENDAR)
             if n:
                 self.store.put(path, out.getvalue())
         if n:

@@ -65,6 +65,16 @@ dates and INT64 timestamps as written (a version from 3.0.0 on) and INT96 timest
 3.1.0 on; mvsink writes none), whatever its settings."""
 
 
+class ParquetWriter(pq.ParquetWriter):  # type: ignore[misc]  # pyarrow is untyped
+    """pyarrow's Parquet writer, whose every file carries ``SPARK_CALENDAR`` in its footer: the
+    one writer of mvsink's data, rewrite, change and tombstone files."""
+
+    def close(self) -> None:
+        if self.is_open:
+            self.add_key_value_metadata(SPARK_CALENDAR)
+        super().close()
+
+
 def dictionary_columns(data: pa.Table) -> list[str] | bool:
     """The columns of ``data`` worth a dictionary in Parquet: those whose distinct values are
     at most half its rows. A dictionary of mostly distinct values adds its indices to the
@@ -195,7 +205,7 @@ class Store:
     def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
         sink = pa.BufferOutputStream()
         nan = nan_leaves(data)
-        writer = pq.ParquetWriter(
+        writer = ParquetWriter(
             sink,
             data.schema,
             compression=_COMPRESSION,
@@ -205,7 +215,6 @@ class Store:
             write_statistics=footer_statistics(data.schema, nan),
         )
         writer.write_table(data, row_group_size=1 << 20)
-        writer.add_key_value_metadata(SPARK_CALENDAR)
         writer.close()
         buf = sink.getvalue()
         n, stats = metadata_stats(writer.writer.metadata, data, nan)
