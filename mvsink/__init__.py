@@ -4,6 +4,7 @@ from mvsink._version import __version__
 from mvsink.config import RetryPolicy, SinkOptions
 from mvsink.errors import (
     CommitOutcomeUnknownError,
+    CommitReplacedError,
     ConfigError,
     ConflictError,
     DuplicateKeyError,
@@ -26,6 +27,7 @@ from mvsink.sink import MVSink
 
 __all__ = [
     "CommitOutcomeUnknownError",
+    "CommitReplacedError",
     "ConfigError",
     "ConflictError",
     "DuplicateKeyError",

@@ -21,6 +21,8 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     │   └── RetriesExhaustedError            ...and kept landing until the retry budget ran out
     ├── CommitOutcomeUnknownError            the commit call failed and the log could not say
     │                                        whether it landed: the next epoch resolves it
+    ├── CommitReplacedError                  a commit this sink reported was replaced in the
+    │                                        log by another writer's: an unsafe writer pair
     └── InvariantViolation                   a check that must never fail did: a bug, report it
         └── CorruptDeletionVector            a deletion vector's bytes are not what the log says
 
@@ -132,6 +134,15 @@ class CommitOutcomeUnknownError(MVSinkError):
     landed the epoch is a replay, otherwise it commits afresh; vacuum removes files of attempts
     that never landed.
     """
+
+
+class CommitReplacedError(MVSinkError):
+    """A commit this sink landed and reported is no longer in the log: another writer's commit
+    file replaced it, so that writer does not make a version exclusive the way this sink's
+    engine does (docs/design.md, "Two writers on one S3 table"). Found by the sink's next
+    epoch, before it stages anything; that epoch is not run. The rows of the replaced epoch are
+    not in the table: complete mode repairs them at the next epoch, upsert and append mode need
+    that epoch's input again (replay it from the source)."""
 
 
 class InvariantViolation(MVSinkError):

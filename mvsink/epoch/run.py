@@ -36,6 +36,7 @@ from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.epoch.mint import BatchDescription
 from mvsink.epoch.query import check_output_mode, running_query
 from mvsink.errors import (
+    CommitReplacedError,
     ConfigError,
     InvariantViolation,
     MVSinkError,
@@ -53,6 +54,7 @@ from mvsink.report import EpochReport
 from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.delta import Landed, Lost, Snapshot, append, load_snapshot
 from mvsink.table.index import PersistedIndex
+from mvsink.table.log import commit_attempt, commit_info
 from mvsink.table.record import EpochRecord, Keys, now_ms
 from mvsink.table.schema import (
     check_fits,
@@ -107,6 +109,16 @@ class Mode(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class LandedCommit:
+    """A commit this sink landed: where, and the attempt id its commit info carries."""
+
+    table_id: str | None
+    version: int
+    attempt_id: str
+    epoch: int
+
+
 @dataclass
 class SinkState:
     """What a sink keeps between its epochs, in the process it runs in (never pickled)."""
@@ -126,6 +138,9 @@ class SinkState:
     """The lineage of the query this sink serves, once seen."""
     look_up_again: bool = False
     """The table a name resolved to is gone: the next epoch looks the name up again."""
+    landed: LandedCommit | None = None
+    """The last commit this sink landed and reported, until the next epoch checked that the log
+    still holds it (``Epoch.snapshot``)."""
     before_commit: Callable[[Snapshot], None] | None = None
     """Called with the snapshot after staging and before committing (tests land a competing
     commit in exactly that window)."""
@@ -280,6 +295,7 @@ class Epoch:
                 spark=self.ctx.batch.sparkSession,
             )
         failpoints.hit("after_snapshot")
+        self._check_still_ours(snap)
         if not snap.exists and self.named:
             self.state.look_up_again = True
             raise ConfigError(
@@ -367,6 +383,7 @@ class Epoch:
         discarded; after the call, only a known loss discards them (I4): an unknown outcome
         raises with the files kept."""
         opts, ctx, desc = self.opts, self.ctx, decision.desc
+        attempt_id = uuid.uuid4().hex
         try:
             ctx.drain()
             if self.state.before_commit is not None:
@@ -386,7 +403,7 @@ class Epoch:
                 updates=staged.updates,
                 app_id=opts.app_id,
                 upper=desc.upper,
-                attempt_id=uuid.uuid4().hex,
+                attempt_id=attempt_id,
                 metadata=self._record(desc, staged, decision.lineage, attempt).metadata(),
                 schema_json=layout.schema_json,
                 partition_by=layout.partition_by,
@@ -399,6 +416,8 @@ class Epoch:
             )
         if isinstance(outcome, Lost):
             self.discard(staged, plan)  # known not to have landed (I4)
+        else:
+            self.state.landed = LandedCommit(snap.table_id, outcome.version, attempt_id, self.epoch)
         return outcome
 
     def report(
@@ -473,6 +492,36 @@ class Epoch:
             "at_ms": int(time.time() * 1000),
         }
         stall.leave_note(store, self.opts.name, who, fields, self.where)
+
+    def _check_still_ours(self, snap: Snapshot) -> None:
+        """Raise ``CommitReplacedError`` if the last commit this sink reported is no longer in
+        the log: another writer put its own commit file over it (a writer whose commits are
+        not exclusive the way this sink's are: docs/design.md). Checked once per commit, at
+        the next epoch, before anything is staged; a table made again at the path, or a log
+        file that cleanup removed or that records no commit info, cannot tell and passes."""
+        last, self.state.landed = self.state.landed, None
+        if last is None or snap.version is None or snap.version < last.version:
+            return
+        if last.table_id is not None and last.table_id != snap.table_id:
+            return  # another table at the path (one this sink made has no id to compare)
+        try:
+            holder = commit_attempt(self.ctx.store, last.version)
+        except Exception as exc:  # no commit info, or the file unreadable: cannot tell
+            log.info("%s: whose commit version %d is cannot be told: %s", self.where, last.version, exc)
+            return
+        if holder is None or holder == last.attempt_id:
+            return
+        info = commit_info(self.ctx.store, last.version) or {}
+        by = info.get("operation") or info.get("engineInfo") or "another writer"
+        raise CommitReplacedError(
+            f"version {last.version}, which epoch {last.epoch} of this sink committed and reported, "
+            f"now holds another commit ({by}): a writer on this table replaced the commit file, so "
+            "its commits are not exclusive the way this sink's are, and the two must not write "
+            "this table together (docs/design.md, 'Two writers on one S3 table'). The rows of "
+            f"epoch {last.epoch} are not in the table: in complete mode the next epoch repairs "
+            "them; in upsert and append mode replay that epoch's input. This epoch wrote nothing.",
+            self.where,
+        )
 
     def _only_ours_in_root(self) -> bool:
         """A target that is not yet a Delta table must hold nothing but what mvsink leaves

@@ -146,6 +146,8 @@ class Snapshot:
     """Reader and writer table features the protocol names."""
     storage_options: Mapping[str, str] = field(default_factory=dict)
     """The options the table was opened with (and commits use)."""
+    table_id: str | None = None
+    """The table's id (its metadata's): a table made again at the same path has another."""
     rows_known: bool = True
     """False when the table has deletion vectors that no session's Delta could list (delta-rs
     does not): its files' rows cannot be read exactly (``require_rows``)."""
@@ -289,6 +291,7 @@ def load_snapshot(
         configuration={k: v for k, v in meta.configuration.items() if v is not None},
         features=features,
         storage_options=dict(storage_options),
+        table_id=str(meta.id),
         stats=stats,
         rows_known=vectors is not None,
         _table=dt,

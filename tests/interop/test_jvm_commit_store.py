@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
@@ -282,3 +283,75 @@ def test_two_processes_on_the_jvm_engine_racing_on_local_disk_never_both_win_a_v
         if str(r) in skip_turn.split(","):
             # Both renamed into place; the one replaced read its version back and lost.
             assert "reported version 1 committed, and its log file holds another" in results[lost][r][1]
+
+
+FOREIGN_JOB = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from mvsink.cli.session import local_session
+
+target, conf = sys.argv[1], json.loads(sys.argv[2])
+spark = local_session("foreign-job", conf={"spark.driver.memory": "1g", **conf})
+spark.sql(f"DELETE FROM delta.`{target}` WHERE id = 0").collect()
+last = spark.sql(f"DESCRIBE HISTORY delta.`{target}` LIMIT 1").collect()[0]
+print(json.dumps([last["version"], last["operation"]]))
+"""
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_epoch(
+    spark, tmp_path, slow_commit_fs, engine
+):
+    """An unsafe writer pair, for real: a Spark job's Delta write on local disk checks that its
+    version is free, then renames into place, which replaces (``SlowCommitFs`` holds it between
+    the two, as a busy disk can). The sink commits that version in between and reports it; the
+    job's rename replaces it and the job reports its DELETE committed too: both "won". The
+    sink's next epoch finds its commit gone and raises ``CommitReplacedError`` before staging
+    anything, naming the version and the epoch; the epoch after it repairs the view."""
+    from mvsink import CommitReplacedError
+    from tests.helpers import assert_equal_to
+
+    target = str(tmp_path / "view")
+    sink = MVSink(target, "v", engine=engine)
+    sink(view(spark, range(0, 10)), 0)
+    script = tmp_path / "job.py"
+    script.write_text(FOREIGN_JOB)
+    # The job renames its commit file into place 4 s after it checked that version 1 is free.
+    slow = {**slow_commit_fs, "spark.hadoop.mvsinktest.commitDelayMs": "4000"}
+    conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow})
+    job = subprocess.Popen(
+        [sys.executable, str(script), target, conf],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        cwd=os.getcwd(),
+    )
+    log_dir = os.path.join(target, "_delta_log")
+
+    def inside_the_jobs_commit(snap: object) -> None:
+        """Wait until the job holds its commit in a temporary file and has checked that version
+        1 is free (right after writing it), to rename it into place after SlowCommitFs's pause."""
+        deadline = time.monotonic() + 240
+        while not any(n.endswith(".tmp") and ".json." in n for n in os.listdir(log_dir)):
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the job never reached its commit"
+            time.sleep(0.005)
+        time.sleep(0.5)
+
+    sink.state.before_commit = inside_the_jobs_commit
+    report = sink(view(spark, range(0, 12)), 1)
+    sink.state.before_commit = None
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
+    assert report.outcome == "committed" and report.version == 1
+    assert json.loads(out.strip().splitlines()[-1]) == [1, "DELETE"]  # the job "won" version 1 too
+    assert commit_info(target, 1)["operation"] == "DELETE"  # its file replaced the sink's
+    files = sorted(store(target).files(""))
+    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
+        sink(view(spark, range(0, 12)), 2)
+    print(info.value)
+    assert "DELETE" in str(info.value) and "epoch 2" in str(info.value)
+    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
+    assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
+    assert_equal_to(target, view(spark, range(0, 12)))

@@ -3,6 +3,7 @@ reference is ever deleted (issue: a landed commit is never undone)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -106,6 +107,30 @@ def test_a_landed_commit_is_ours_though_another_landed_after_it(spark, target):
     report = sink(people(spark, range(2, 9)), 1)
     assert report.outcome == "committed" and report.attempts == 1
     assert report.version == versions(target)[-2] and referenced_files_exist(target)
+
+
+def test_a_commit_another_writer_replaced_after_it_was_reported_is_raised_at_the_next_epoch(spark, target):
+    """A writer whose commits are not exclusive the way the sink's are can put its commit file
+    over one the sink landed and reported (docs/design.md: a Spark job's Delta on S3 or local
+    disk; tests/interop/test_jvm_commit_store.py races one for real). Here that writer's file
+    (an empty commit of its own) replaces version 1 after epoch 1 reported it: epoch 2 raises
+    ``CommitReplacedError`` before staging anything; run again, it repairs the view."""
+    from mvsink import CommitReplacedError
+    from tests.helpers import store
+
+    sink = MVSink(target, "replaced")
+    sink(people(spark, range(5)), 0)
+    assert sink(people(spark, range(2, 9)), 1).version == 1
+    foreign = json.dumps({"commitInfo": {"timestamp": 1, "operation": "DELETE", "engineInfo": "other"}})
+    store(target).put(f"_delta_log/{1:020}.json", (foreign + "\n").encode())
+    files = sorted(store(target).files(""))
+    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
+        sink(people(spark, range(2, 9)), 2)
+    assert "(DELETE)" in str(info.value) and info.value.epoch == 2
+    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
+    assert sink(people(spark, range(2, 9)), 2).version == 2  # told once: the next attempt repairs
+    assert_equal_to(target, people(spark, range(2, 9)))
+    assert sink(people(spark, range(2, 10)), 3).version == 3  # its own commits pass the check
 
 
 def test_a_landed_commit_without_commit_info_keeps_its_files(spark, local_target):
