@@ -3,15 +3,16 @@
 #   make test   creates .venv (and .venv-spark35, PySpark 3.5; .venv-delta, PySpark 4.2 for the
 #               JVM Delta line), fetches the JVM jars the lines need from Maven Central (jvm/),
 #               installs mvsink with its dev tools, runs the whole test suite on the newest
-#               PySpark, again on 3.5 (with Connect), then the Delta lines: delta-spark 3.3 on
-#               3.5 and 4.4 on 4.2 (tests/interop, and the behaviour suites on their engine)
+#               PySpark, again on 3.5 (with Connect), and the Delta lines: delta-spark 3.3 on
+#               3.5 and 4.4 on 4.2 (tests/interop, and the behaviour suites on their engine),
+#               in two tracks side by side, each line's output in build/test/
 #   make fuzz   runs the model-based test (tests/test_model.py) long, from a random seed it prints
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mvsink-installed
 
-.PHONY: demo test chaos fuzz lint bench clean
+.PHONY: demo test test-track1 test-track2 chaos fuzz lint bench clean
 
 # Spark needs Java 17+: say so in one line, before anything is installed.
 ifneq ($(filter demo test fuzz bench,$(MAKECMDGOALS)),)
@@ -53,23 +54,34 @@ $(SPARK35_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mvsink run
 
+# The lines run in two tracks side by side (one line alone keeps the 2 cores about 70% busy),
+# each line's output in build/test/LINE.log (scripts/test_line.sh). The JVM jars are fetched
+# first, once (jvm/*/pom.xml, scripts/jvm_jars.sh); MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS and
+# MVSINK_CONNECT_JARS name other folders. -k: a failed line does not stop the others.
 test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
-	$(BIN)/python -m pytest -q
-	# The distributed suite once more on a standalone cluster: executors in their own JVMs.
-	MVSINK_TEST_MASTER=standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
-	# PySpark 3.5 ships no Connect server: its jar comes from Maven Central (jvm/connect-3.5/pom.xml).
-	MVSINK_CONNECT_JARS="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}" \
-		$(SPARK35_VENV)/bin/python -m pytest -q
-	# The 3.5 line's Delta: delta-spark 3.3 (jvm/delta-3.3/pom.xml): tests/interop, and of the
-	# behaviour suites on its engine those of the commit path (the Delta line below runs them all
-	# on 4.4: the engine's code is the same but for how it reaches each release's internals).
-	MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$${MVSINK_DELTA33_JARS:-$$(scripts/jvm_jars.sh delta-3.3)}" \
-		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop tests/test_sink.py \
-		tests/table/test_commit_outcome.py tests/test_concurrency.py tests/ops/test_operations.py
-	# Its jars: MVSINK_DELTA_JARS if set, else fetched from Maven Central (jvm/delta-4.4/pom.xml,
-	# exact versions) into .jvm/delta-4.4, else ../shared/delta-jvm/jars with the reason printed.
-	jars="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}"; \
-		MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$$jars" $(DELTA_VENV)/bin/python -m pytest -q
+	@DELTA44="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}"; \
+	DELTA33="$${MVSINK_DELTA33_JARS:-$$(scripts/jvm_jars.sh delta-3.3)}"; \
+	CONNECT35="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}"; \
+	$(MAKE) --no-print-directory -k -j2 DELTA44="$$DELTA44" DELTA33="$$DELTA33" \
+		CONNECT35="$$CONNECT35" test-track1 test-track2
+
+LINE := scripts/test_line.sh
+
+# The newest PySpark (every test), then delta-spark 3.3 on PySpark 3.5: tests/interop, and of the
+# behaviour suites on its engine those of the commit path (the Delta 4.4 line runs them all: the
+# engine's code is the same but for how it reaches each release's internals).
+test-track1: $(STAMP) $(SPARK35_STAMP)
+	@$(LINE) 4.x $(BIN)/python -m pytest -q
+	@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(LINE) delta-3.3 $(SPARK35_VENV)/bin/python -m pytest -q \
+		tests/interop tests/test_sink.py tests/table/test_commit_outcome.py tests/test_concurrency.py \
+		tests/ops/test_operations.py
+
+# PySpark 3.5 (with Connect: its server jar from Maven Central), then delta-spark 4.4 on PySpark
+# 4.2, then the distributed suite on a standalone cluster (executors in their own JVMs).
+test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
+	@MVSINK_CONNECT_JARS="$(CONNECT35)" $(LINE) 3.5 $(SPARK35_VENV)/bin/python -m pytest -q
+	@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" $(LINE) delta-4.4 $(DELTA_VENV)/bin/python -m pytest -q
+	@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
 # processes for CHAOS_SECONDS; CHAOS_SEED replays one.
@@ -94,4 +106,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/complete_mode.py
 
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(DELTA_VENV) data .pytest_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(DELTA_VENV) data build/test .pytest_cache
