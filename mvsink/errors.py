@@ -139,10 +139,10 @@ class CommitOutcomeUnknownError(MVSinkError):
 class CommitReplacedError(MVSinkError):
     """A commit this sink landed and reported is no longer in the log: another writer's commit
     file replaced it, so that writer does not make a version exclusive the way this sink's
-    engine does (docs/design.md, "Two writers on one S3 table"). Found by the sink's next
-    epoch, before it stages anything; that epoch is not run. The rows of the replaced epoch are
-    not in the table: complete mode repairs them at the next epoch, upsert and append mode need
-    that epoch's input again (replay it from the source)."""
+    engine does (docs/design.md, "Two writers on one S3 table"). Found, as a best effort, by
+    the sink's next epoch, before it stages anything; that epoch is not run. The rows of the
+    replaced epoch are not in the table: complete mode repairs them at the next epoch; upsert
+    and append mode need that epoch's input again (replay it from the source)."""
 
 
 class InvariantViolation(MVSinkError):

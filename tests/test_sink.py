@@ -211,6 +211,7 @@ def test_public_api_is_pinned():
     assert mvsink.__all__ == sorted(mvsink.__all__)
     assert set(mvsink.__all__) == {
         "CommitOutcomeUnknownError",
+        "CommitReplacedError",
         "ConfigError",
         "ConflictError",
         "DuplicateKeyError",

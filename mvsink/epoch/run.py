@@ -54,8 +54,8 @@ from mvsink.report import EpochReport
 from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.delta import Landed, Lost, Snapshot, append, load_snapshot
 from mvsink.table.index import PersistedIndex
-from mvsink.table.log import commit_attempt, commit_info
-from mvsink.table.record import EpochRecord, Keys, now_ms
+from mvsink.table.log import commit_info
+from mvsink.table.record import ATTEMPT, EpochRecord, Keys, now_ms
 from mvsink.table.schema import (
     check_fits,
     check_roles,
@@ -111,11 +111,13 @@ class Mode(Protocol):
 
 @dataclass(frozen=True)
 class LandedCommit:
-    """A commit this sink landed: where, and the attempt id its commit info carries."""
+    """A commit this sink landed (``SinkState.landed``)."""
 
     table_id: str | None
+    """The id of the table it landed on; None when the commit made the table (not checked)."""
     version: int
     attempt_id: str
+    """The attempt id its commit info carries (``record.ATTEMPT``)."""
     epoch: int
 
 
@@ -139,8 +141,8 @@ class SinkState:
     look_up_again: bool = False
     """The table a name resolved to is gone: the next epoch looks the name up again."""
     landed: LandedCommit | None = None
-    """The last commit this sink landed and reported, until the next epoch checked that the log
-    still holds it (``Epoch.snapshot``)."""
+    """The last commit this sink landed, until the next epoch checked that the log still holds
+    it (``Epoch._check_still_ours``)."""
     before_commit: Callable[[Snapshot], None] | None = None
     """Called with the snapshot after staging and before committing (tests land a competing
     commit in exactly that window)."""
@@ -159,7 +161,7 @@ class SinkState:
 
     def forget_table(self) -> None:
         """The target moved: what was known of the old folder's files goes."""
-        self.index, self.tombstones = PersistedIndex(), Tombstones()
+        self.index, self.tombstones, self.landed = PersistedIndex(), Tombstones(), None
 
 
 class Epoch:
@@ -294,8 +296,8 @@ class Epoch:
                 engine=opts.engine,
                 spark=self.ctx.batch.sparkSession,
             )
+            self._check_still_ours(snap)
         failpoints.hit("after_snapshot")
-        self._check_still_ours(snap)
         if not snap.exists and self.named:
             self.state.look_up_again = True
             raise ConfigError(
@@ -494,32 +496,36 @@ class Epoch:
         stall.leave_note(store, self.opts.name, who, fields, self.where)
 
     def _check_still_ours(self, snap: Snapshot) -> None:
-        """Raise ``CommitReplacedError`` if the last commit this sink reported is no longer in
-        the log: another writer put its own commit file over it (a writer whose commits are
-        not exclusive the way this sink's are: docs/design.md). Checked once per commit, at
-        the next epoch, before anything is staged; a table made again at the path, or a log
-        file that cleanup removed or that records no commit info, cannot tell and passes."""
+        """Raise ``CommitReplacedError`` if the last commit this sink landed is no longer in the
+        log: another writer put its own commit file over it, so that writer's commits are not
+        exclusive the way this sink's are (docs/design.md). Checked once per commit, at the
+        next epoch's snapshot, before anything is staged: a best effort, which a replacement
+        landing later still escapes. Passes when it cannot tell: the table made again at the
+        path (another id; a table this sink made has no id to compare), the log file gone
+        (log cleanup), a file without commit info. A read that fails is tried next epoch."""
         last, self.state.landed = self.state.landed, None
-        if last is None or snap.version is None or snap.version < last.version:
+        if last is None or last.table_id is None or snap.table_id != last.table_id:
             return
-        if last.table_id is not None and last.table_id != snap.table_id:
-            return  # another table at the path (one this sink made has no id to compare)
+        if snap.version is None or snap.version < last.version:
+            return
         try:
-            holder = commit_attempt(self.ctx.store, last.version)
-        except Exception as exc:  # no commit info, or the file unreadable: cannot tell
-            log.info("%s: whose commit version %d is cannot be told: %s", self.where, last.version, exc)
+            info = commit_info(self.ctx.store, last.version)
+        except Exception as exc:
+            self.state.landed = last
+            log.warning("%s: could not read version %d back to check it: %s", self.where, last.version, exc)
             return
-        if holder is None or holder == last.attempt_id:
+        if info is None or info.keys() == {"version"} or info.get(ATTEMPT) == last.attempt_id:
             return
-        info = commit_info(self.ctx.store, last.version) or {}
         by = info.get("operation") or info.get("engineInfo") or "another writer"
         raise CommitReplacedError(
-            f"version {last.version}, which epoch {last.epoch} of this sink committed and reported, "
-            f"now holds another commit ({by}): a writer on this table replaced the commit file, so "
-            "its commits are not exclusive the way this sink's are, and the two must not write "
-            "this table together (docs/design.md, 'Two writers on one S3 table'). The rows of "
-            f"epoch {last.epoch} are not in the table: in complete mode the next epoch repairs "
-            "them; in upsert and append mode replay that epoch's input. This epoch wrote nothing.",
+            f"version {last.version}, which epoch {last.epoch} of this sink committed, now holds "
+            f"another commit ({by}): a writer on this table replaced the commit file, so its "
+            "commits are not exclusive the way this sink's are, and the two must not write this "
+            "table together (docs/design.md, 'Two writers on one S3 table'). The rows of epoch "
+            f"{last.epoch} are not in the table. Complete mode repairs them at the next epoch; in "
+            "upsert and append mode the next epoch finds the view's frontier behind (a LineageError "
+            f"naming the gap): replay epoch {last.epoch} from the source (roll the query's "
+            "checkpoint back to it) or, accepting the loss, set allow_gaps. This epoch wrote nothing.",
             self.where,
         )
 

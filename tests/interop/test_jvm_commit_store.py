@@ -316,8 +316,8 @@ def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_
     sink(view(spark, range(0, 10)), 0)
     script = tmp_path / "job.py"
     script.write_text(FOREIGN_JOB)
-    # The job renames its commit file into place 4 s after it checked that version 1 is free.
-    slow = {**slow_commit_fs, "spark.hadoop.mvsinktest.commitDelayMs": "4000"}
+    # The job renames its commit file into place 6 s after it checked that version 1 is free.
+    slow = {**slow_commit_fs, "spark.hadoop.mvsinktest.commitDelayMs": "6000"}
     conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow})
     job = subprocess.Popen(
         [sys.executable, str(script), target, conf],
