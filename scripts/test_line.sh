@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run one line of the test suite (a pytest command) with its output in build/test/NAME.log, and
-# say in one line when it starts and how it ended; when it fails, print its failures. `make test`
-# runs two tracks of lines side by side, so each line's output stays whole in its own log.
+# say in one line when it starts and how it ended; when it fails, print its failures and leave
+# build/test/NAME.failed. `make test` runs two tracks of lines side by side, so each line's
+# output stays whole in its own log, and fails at the end if any line left that file.
 #
 #   scripts/test_line.sh NAME COMMAND...
 #   scripts/test_line.sh 4.x .venv/bin/python -m pytest -q
@@ -11,10 +12,12 @@ shift
 root="$(cd "$(dirname "$0")/.." && pwd)"
 log="$root/build/test/$name.log"
 mkdir -p "$(dirname "$log")"
+rm -f "$root/build/test/$name.failed"
 start=$(date +%s)
 echo "[$(date +%H:%M:%S)] $name: started (log: build/test/$name.log)"
 "$@" > "$log" 2>&1
 rc=$?
+[ "$rc" -eq 0 ] || echo "$rc" > "$root/build/test/$name.failed"
 took=$(( $(date +%s) - start ))
 summary="$(grep -E '^[=]* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log" | tail -1 | tr -d '=' | sed 's/^ *//;s/ *$//')"
 when="$(date +%H:%M:%S)"

@@ -119,8 +119,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the distributed placement on local disk only, to keep the suite short: the store
     is the I/O layer's business, and tests/plan/test_distributed.py runs that placement on S3.
-    Likewise the two-process race runs on S3 in complete mode only. Then each line keeps its
-    own engine (``_line_runs``)."""
+    Likewise the two-process race runs on S3, and on the ``delta-spark`` engine, in complete
+    mode only. Then each line keeps its own engine (``_line_runs``)."""
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
@@ -129,14 +129,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             drop.append(item)
             continue
         on_s3 = chosen.get("target") == "s3"
-        # The two-process race is the store's business in one mode (complete) only.
-        slow = on_s3 and item.originalname == "test_two_processes_racing_on_the_same_epochs"
-        (
-            drop
-            if on_s3
-            and (chosen.get("placement") == "distributed" or (slow and chosen.get("mode") == "upsert"))
-            else keep
-        ).append(item)
+        # The two-process race is the store's and the JVM engine's business in one mode
+        # (complete) only (tests/interop/test_jvm_commit_store.py races the engine's commits).
+        slow = (on_s3 or chosen.get("engine") == "delta-spark") and (
+            item.originalname == "test_two_processes_racing_on_the_same_epochs"
+        )
+        mode, placement = chosen.get("mode"), chosen.get("placement")
+        trimmed = (on_s3 and placement == "distributed") or (slow and mode == "upsert")
+        (drop if trimmed else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
