@@ -75,12 +75,13 @@ _BEFORE_ANY_IO = ("tests/test_errors.py", "tests/plan/test_rules.py")
 
 
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
-    """Whether this line runs ``item``. The main line runs everything on delta-rs (on Spark
-    3.5, S3 only where Spark reaches it, and not the ``newest_line`` runs; the refusal suites
-    ``_BEFORE_ANY_IO`` on local disk only). The Delta lines run
-    tests/interop, and the behaviour suites on delta-spark:
-    - on local disk (the session's Delta reaches S3 through Hadoop's S3A, whose jars these
-      machines do not have; tests/interop covers the refusal of its single-driver S3 commits);
+    """Whether this line runs ``item``. The main line runs everything on delta-rs (the refusal
+    suites ``_BEFORE_ANY_IO`` on local disk only). On Spark 3.5 it leaves out what no Spark
+    line changes: the ``newest_line`` runs; S3 but where Spark reaches it and the stores' own
+    suite; the distributed placement but in its own suite and under Connect. The Delta lines
+    run tests/interop, and the behaviour suites on delta-spark:
+    - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local server
+      can stand in for: docs/design.md; tests/interop covers the refusal of any other store);
     - in classic sessions (under Spark Connect the engine is refused by design);
     - in the driver placement, but for tests/plan/test_distributed.py, the placement's own suite
       (the engine commits what either placement staged, through one path);
@@ -91,12 +92,18 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
             return False
         if chosen.get("target") == "s3" and module.endswith(_BEFORE_ANY_IO):
             return False
-        return chosen.get("engine") != "delta-spark" and (
-            # On Spark 3.5 the stores are reached as on 4.x (Arrow and delta-rs, not Spark): S3
-            # there only where Spark's own tasks reach it, and for the stores' own suite.
-            SPARK_LINE >= (4, 0)
-            or chosen.get("target") != "s3"
-            or module.endswith(("test_stores.py", "test_distributed.py"))
+        if chosen.get("engine") == "delta-spark":
+            return False
+        if SPARK_LINE >= (4, 0):
+            return True
+        # On Spark 3.5 the stores are reached as on 4.x (Arrow and delta-rs, not Spark): S3
+        # there only where Spark's own tasks reach it, and for the stores' own suite; the
+        # distributed placement in its own suite and under Connect (the rest is the same
+        # planning over the same Spark calls as there).
+        if chosen.get("target") == "s3" and not module.endswith(("test_stores.py", "test_distributed.py")):
+            return False
+        return chosen.get("placement") != "distributed" or module.endswith(
+            ("test_distributed.py", "test_connect.py")
         )
     if "interop" in module:
         return True
