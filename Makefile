@@ -57,8 +57,8 @@ demo: $(STAMP)
 # The lines run in two tracks side by side, each line's output in build/test/LINE.log
 # (scripts/test_line.sh); a failed line does not stop the others, and `make test` fails at the
 # end naming it. The JVM jars are fetched first, once (jvm/*/pom.xml, scripts/jvm_jars.sh):
-# MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS and MVSINK_CONNECT_JARS name other folders. Every JVM
-# the tests start (Spark's, Connect's, a cluster's, a CLI job's) runs with C1 only and the
+# MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS and MVSINK_CONNECT_JARS name other folders. The JVMs
+# the Spark lines start (Spark's, Connect's, a cluster's, a CLI job's) run with C1 only and the
 # serial collector: a quarter less CPU on short runs, with 2 cores shared by two tracks; nothing
 # a test checks depends on it.
 test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
@@ -74,20 +74,22 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
 	echo "make test: every line passed"
 
 LINE := scripts/test_line.sh
+# The Delta lines' JVMs do Delta's own heavy work (log replay, DML): C2-compiled, as users run.
+DELTA_JVM := env -u JDK_JAVA_OPTIONS
 
 # The newest PySpark (every test), then delta-spark 3.3 on PySpark 3.5: tests/interop and the
 # commit outcome suite on its engine (the Delta 4.4 line runs every behaviour suite on the
 # engine, whose code is the same on both releases but for how it reaches their internals).
 test-track1: $(STAMP) $(SPARK35_STAMP)
 	-@$(LINE) 4.x $(BIN)/python -m pytest -q
-	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(LINE) delta-3.3 \
+	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(DELTA_JVM) $(LINE) delta-3.3 \
 		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop tests/table/test_commit_outcome.py
 
 # PySpark 3.5 (with Connect: its server jar from Maven Central), then delta-spark 4.4 on PySpark
 # 4.2, then the distributed suite on a standalone cluster (executors in their own JVMs).
 test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
 	-@MVSINK_CONNECT_JARS="$(CONNECT35)" $(LINE) 3.5 $(SPARK35_VENV)/bin/python -m pytest -q
-	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" $(LINE) delta-4.4 $(DELTA_VENV)/bin/python -m pytest -q
+	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" $(DELTA_JVM) $(LINE) delta-4.4 $(DELTA_VENV)/bin/python -m pytest -q
 	-@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
