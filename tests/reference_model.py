@@ -261,11 +261,12 @@ class View:
         for r in batch:
             by_key.setdefault(shape.key(r), []).append(r)
         for rows in by_key.values():
-            if not shape.sequence and len(rows) > 1:
+            # Rows equal in every column are one event delivered twice (repr: NaN equals NaN).
+            if not shape.sequence and len({repr(r) for r in rows}) > 1:
                 return DuplicateKeyError
             if shape.sequence:
                 top = max(r[3] for r in rows)
-                if sum(1 for r in rows if r[3] == top) > 1:
+                if len({repr(r) for r in rows if r[3] == top}) > 1:
                     return DuplicateKeyError
         return None
 

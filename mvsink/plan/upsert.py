@@ -3,8 +3,10 @@
 For a batch, per key:
 
 1. Several rows for one key: with ``sequence_column`` the highest sequence wins (a tie at the
-   top is ambiguous and an error); without it, ``DuplicateKeyError``. A null key or a null
-   sequence is bad input. All of this is checked before anything is written.
+   top between rows that differ is ambiguous and an error); without it, rows that differ are a
+   ``DuplicateKeyError``. Rows equal in every column (an event delivered twice, as
+   at-least-once feeds do) count once. A null key or a null sequence is bad input. All of this
+   is checked before anything is written.
 2. The touched keys' winning rows go to the driver as Arrow (one Spark job); the snapshot's
    files are pruned to those whose partition values and key min/max statistics can hold one
    of them, and only those are read, through the I/O layer; their rows of touched keys are
@@ -74,6 +76,8 @@ POS = "__mvsink_pos"
 DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
+_TIED = "__mvsink_tied"
+_ROW = "__mvsink_row"
 _TI = "__mvsink_touched"
 _SIDE = "__mvsink_side"
 _KIND = "__mvsink_kind"
@@ -168,19 +172,10 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
         floating = isinstance(ranked.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
         null_seq = seq.isNull() | F.isnan(seq) if floating else seq.isNull()
     null_del = F.col(DEL).isNull()
-    dup = (F.col(_RN) == 2) & (F.col(_RK) == 1)
-    kind = (
-        F.when(null_key, "null key")
-        .when(null_seq, "null sequence")
-        .when(null_del, "null delete marker")
-        .otherwise("duplicate")
-    )
-    found = (
-        ranked.where(null_key | null_seq | null_del | dup)
-        .select(kind.alias("kind"), *[F.col(quote(k)) for k in spec.key])
-        .limit(20)
-        .collect()
-    )
+    kind = F.when(null_key, "null key").when(null_seq, "null sequence").otherwise("null delete marker")
+    keys = [F.col(quote(k)) for k in spec.key]
+    bad = ranked.where(null_key | null_seq | null_del).select(kind.alias("kind"), *keys)
+    found = bad.unionByName(_conflicts(ranked, spec)).limit(20).collect()
     kinds = {r["kind"] for r in found}
     if "null key" in kinds:
         raise InputError(
@@ -202,11 +197,25 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
     if duplicates:
         shown = ", ".join(str(tuple(r[k] for k in spec.key)) for r in duplicates[:5])
         why = (
-            f"with the same highest {spec.sequence_column}"
+            f"with the same highest {spec.sequence_column} and different values"
             if spec.sequence_column
-            else "and no sequence_column to order them"
+            else "with different values and no sequence_column to order them"
         )
         raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
+
+
+def _conflicts(ranked: DataFrame, spec: UpsertSpec) -> DataFrame:
+    """Keys whose rows at the top rank differ (``kind`` "duplicate"): rows equal in every
+    column, as JSON (NaN equal to NaN), are one event delivered twice. Only the tied rows
+    are compared, over the cached batch's own partitioning by key."""
+    keys = [F.col(quote(k)) for k in spec.key]
+    by_key = Window.partitionBy(*keys)
+    top = ranked.where(F.col(_RK) == 1).withColumn(_TIED, F.count(F.lit(1)).over(by_key))
+    columns = [F.col(quote(c)) for c in ranked.columns if c not in (_RN, _RK, _TIED)]
+    tied = top.where(F.col(_TIED) > 1).withColumn(_ROW, F.to_json(F.struct(*columns)))
+    differ = (F.min(_ROW).over(by_key) != F.max(_ROW).over(by_key)).alias(_ROW)
+    conflicts = tied.select(F.col(_RN), *keys, differ).where(F.col(_ROW) & (F.col(_RN) == 1))
+    return conflicts.select(F.lit("duplicate").alias("kind"), *keys)
 
 
 class Upsert:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -113,6 +114,25 @@ def test_a_sequence_tie_or_null_sequence_is_refused(spark, target):
     with pytest.raises(InputError, match="null or NaN sequence"):
         sink(spark.createDataFrame([(1, "x", None)], WITH_SEQ), 1)
     assert versions(target) == [0]
+
+
+def test_an_event_delivered_twice_counts_once_and_a_tie_that_differs_is_refused(spark, target, placement):
+    # At-least-once feeds deliver an event again: rows equal in every column (NaN included)
+    # are one event, with or without a sequence column; rows that differ stay ambiguous.
+    plain = MVSink(target + "-plain", "plain", mode="upsert", key=["id"], placement=placement)
+    twice = [(1, "a", float("nan")), (1, "a", float("nan")), (2, "b", 2.0), (2, "b", 2.0), (2, "b", 2.0)]
+    assert plain(spark.createDataFrame(twice, SCHEMA), 0).outcome == "committed"
+    rows = sorted(target_table(target + "-plain").to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["name"]) for r in rows] == [(1, "a"), (2, "b")]
+    assert math.isnan(rows[0]["amount"]) and rows[1]["amount"] == 2.0
+    seq = MVSink(target, "seq", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
+    events = [(1, "x", 3), (1, "x", 3), (1, "old", 2), (2, "y", 5), (2, "y", 5)]
+    assert seq(spark.createDataFrame(events, WITH_SEQ), 0).outcome == "committed"
+    assert rows_of(target) == Counter([(1, "x", 3), (2, "y", 5)])
+    before = versions(target)
+    with pytest.raises(DuplicateKeyError, match=r"same highest seq and different values: \(2,\)"):
+        seq(spark.createDataFrame([(2, "y", 7), (2, "y", 7), (2, "z", 7), (1, "w", 9)], WITH_SEQ), 1)
+    assert versions(target) == before and rows_of(target) == Counter([(1, "x", 3), (2, "y", 5)])
 
 
 def test_a_nan_sequence_is_refused_and_leaves_the_target_unchanged(spark, target, placement):
