@@ -217,12 +217,14 @@ def _check_gap(
     continued: Callable[[], bool],
     where: Where,
 ) -> None:
-    """Reason 6. Only a complete batch repairs everything. In upsert or append mode, epochs
-    of this lineage between the frontier and this one that were never written would be
-    missing rows. That is a ``LineageError`` unless ``allow_gaps`` (then a WARNING). This is
-    also why the heartbeat thins complete mode only: elsewhere a version is the proof that an
-    epoch was applied."""
-    if opts.mode == "complete":
+    """Reason 6. A complete batch repairs everything its query read. In upsert or append
+    mode, epochs of this lineage between the frontier and this one that were never written
+    would be missing rows. That is a ``LineageError`` unless ``allow_gaps`` (then a WARNING).
+    This is also why the heartbeat thins complete mode only: elsewhere a version is the proof
+    that an epoch was applied. In complete mode under the source offsets clock, a query's
+    first batch known to start past the committed time is one too: the query's state lacks
+    what came between (a replica started from later offsets), so its view would drop it."""
+    if opts.mode == "complete" and not (desc.clocked and opts.clock == "source_offsets" and epoch == 0):
         return
     if desc.takeover and epoch > opts.as_of:
         message = (
@@ -237,8 +239,8 @@ def _check_gap(
         if committed is None:
             return
         start = batch_start()
-        if start is None and continued():
-            return
+        if start is None and (opts.mode == "complete" or continued()):
+            return  # a complete query's state is its own business where its start is unknown
         if start is None:
             message = (
                 f"this batch's start is unknown (a query's first batch whose sources did not "
@@ -254,10 +256,17 @@ def _check_gap(
         elif compare(start, committed) in ("behind", "same"):
             return
         else:
+            lost = (
+                "its query's state lacks the records in between, so its view would drop them (a "
+                "replica or a new checkpoint started from later offsets, such as Kafka's "
+                "startingOffsets=latest)"
+                if opts.mode == "complete"
+                else "the rows in between would be missing (a replica that skipped batches, a "
+                "standby that started late, or a new checkpoint started from later offsets)"
+            )
             message = (
                 f"this batch starts at {start}, past the committed source offsets {committed}: in "
-                f"{opts.mode} mode the rows in between would be missing (a replica that skipped "
-                "batches, or a standby that started late)"
+                f"{opts.mode} mode {lost}"
             )
     elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
         return

@@ -183,6 +183,43 @@ def test_an_upsert_batch_starting_past_the_committed_offsets_is_refused(spark, t
     assert ok(rows, 3).outcome == "committed"
 
 
+def test_a_complete_batch_of_a_new_checkpoint_starting_past_the_committed_offsets_is_refused(
+    spark, tmp_path, local_target
+):
+    # A replica started from later offsets (Kafka's startingOffsets=latest): its aggregate
+    # lacks what came between, so committing it would drop that from the view.
+    whole = spark.createDataFrame([(1, "a"), (2, "b")], SCHEMA)
+    a = kafka_checkpoint(tmp_path / "a", "qa", initial=0, end=7)
+    assert MVSink(local_target, "c", clock="source_offsets", checkpoint=a)(whole, 0).outcome == "committed"
+    late = kafka_checkpoint(tmp_path / "late", "qb", initial=9, end=11)  # its first batch: (9, 11]
+    part = spark.createDataFrame([(3, "c")], SCHEMA)
+    before = versions(local_target)
+    with pytest.raises(LineageError, match="complete mode its query's state lacks the records in between"):
+        MVSink(local_target, "c", clock="source_offsets", checkpoint=late)(part, 0)
+    assert versions(local_target) == before and multiset(target_table(local_target)) == multiset(
+        to_arrow(whole)
+    )
+    # From the committed offsets or earlier it commits; so does a start past them by choice.
+    covering = kafka_checkpoint(tmp_path / "covering", "qc", initial=7, end=11)
+    assert (
+        MVSink(local_target, "c", clock="source_offsets", checkpoint=covering)(part, 0).outcome == "committed"
+    )
+    later = kafka_checkpoint(tmp_path / "later", "qd", initial=12, end=13)
+    chosen = MVSink(local_target, "c", clock="source_offsets", checkpoint=later, allow_gaps=True)
+    assert chosen(whole, 0).outcome == "committed"
+
+
+def kafka_checkpoint(root: Path, query: str, initial: int, end: int) -> str:
+    """A new checkpoint of one query on Kafka partition 0 of topic ``t``: its initial offsets
+    (``sources/0/0``, as Spark's Kafka source records them) and its batch 0's end."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "sources" / "0").mkdir(parents=True)
+    (root / "metadata").write_text(json.dumps({"id": query}))
+    (root / "sources" / "0" / "0").write_text("\x00v1\n" + json.dumps({"t": {"0": initial}}))
+    (root / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"t": {"0": end}}) + "\n")
+    return str(root)
+
+
 def offsets_checkpoint(root: Path, query: str, batches: dict[int, list[str]]) -> str:
     """A checkpoint whose batches end at the given source offset lines (JSON, or "-")."""
     (root / "offsets").mkdir(parents=True)
