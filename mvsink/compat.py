@@ -15,6 +15,8 @@ what is here instead of an API one line lacks.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import re
@@ -79,6 +81,16 @@ def spark_reason(exc: BaseException, limit: int = 500) -> str:
         if not line.startswith(("An error occurred while calling", "JVM stacktrace")):
             return line.lstrip(": ")[:limit]
     return type(exc).__name__
+
+
+def logical_plan(df: Any) -> str:
+    """The analyzed logical plan of ``df`` as Spark prints it (``explain(extended=True)``),
+    in classic and Connect sessions alike: a streaming one names its sources and their
+    options."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        df.explain(extended=True)
+    return out.getvalue()
 
 
 def to_arrow(df: Any) -> pa.Table:

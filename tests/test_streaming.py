@@ -80,6 +80,7 @@ def test_cli_runs_a_job_file(spark, tmp_path, capsys):
         "[job]\n"
         f'checkpoint = "{tmp_path / "ckpt"}"\n'
         "epochs = 3\ntrigger_seconds = 0.5\ntamper_after_epoch = 1\n"
+        f'args = {{ orders = "{tmp_path / "orders"}" }}\n'
         "[sink]\n"
         f'target = "{target}"\nname = "revenue"\n'
     )
@@ -90,6 +91,9 @@ def test_cli_runs_a_job_file(spark, tmp_path, capsys):
     assert "rogue" not in table.column("product").to_pylist()
     assert main(["frontier", target, "revenue"]) == 0
     assert capsys.readouterr().out.strip() == str(frontier(target, "revenue"))
+    # The demo's orders folder holds every order the view read: verify computes desired again.
+    assert main(["verify", "--job", str(conf)]) == 0
+    assert "equals desired" in capsys.readouterr().out
 
 
 def test_cli_reports_a_bad_job_file(tmp_path, capsys):
@@ -119,7 +123,12 @@ def test_each_shipped_mode_example_runs(spark, tmp_path, capsys):
         config = config.model_copy(
             update={
                 "job": config.job.model_copy(
-                    update={"epochs": 3, "trigger_seconds": 0.5, "checkpoint": str(tmp_path / name / "ckpt")}
+                    update={
+                        "epochs": 3,
+                        "trigger_seconds": 0.5,
+                        "checkpoint": str(tmp_path / name / "ckpt"),
+                        "args": {"orders": str(tmp_path / name / "orders")},
+                    }
                 ),
                 "sink": config.sink.model_copy(update={"target": target}),
             }

@@ -25,7 +25,15 @@ class JobOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     query: str = "mvsink.demo:revenue_query"
-    """``module:function`` taking a SparkSession and returning the streaming DataFrame."""
+    """``module:function`` taking a SparkSession (and ``args``) and returning the streaming
+    DataFrame. A job that names none runs the demo's, with its ``feed`` and ``args``."""
+    args: dict[str, str | int | float | bool] = {}
+    """Keyword arguments of the query function and of ``feed`` (the demo's: its ``orders``
+    folder)."""
+    feed: str | None = None
+    """``module:function`` taking a SparkSession (and ``args``) that writes the query's next
+    input: called before the query starts and after every epoch but the last, so each epoch
+    has new input and the source holds all of it (the demo's ``mvsink.demo:feed_orders``)."""
     output_mode: Literal["complete", "update", "append"] = "complete"
     """Spark output mode of the query: ``complete`` for the complete sink mode, ``append`` for
     append mode, ``update`` (or the others) for upsert mode (``epoch.query``)."""
@@ -33,27 +41,46 @@ class JobOptions(BaseModel):
     """Spark checkpoint folder of the query."""
     trigger_seconds: float = Field(1.0, gt=0)
     """Processing-time trigger interval."""
-    epochs: int | None = Field(6, ge=1)
-    """Stop after this many epochs (None: run until stopped)."""
+    epochs: int | None = Field(None, ge=1)
+    """Stop after this many epochs (unset: run until stopped; the demo stops after 6)."""
     show: bool = True
     """Print the view and the sink's figures after each epoch."""
     tamper_after_epoch: int | None = None
     """Demo only: after this many epochs less one, corrupt the table (a rogue row in, a real
     row out) to show the next epoch repairing it."""
 
-    @field_validator("query")
+    @model_validator(mode="before")
     @classmethod
-    def _entry_point(cls, v: str) -> str:
-        if v.count(":") != 1:
+    def _demo_by_default(cls, data: Any) -> Any:
+        """A job that names no query is the demo: its query, its feed and its orders folder,
+        six epochs."""
+        if isinstance(data, dict) and "query" not in data:
+            data = {"feed": "mvsink.demo:feed_orders", "args": {"orders": "data/orders"}, "epochs": 6, **data}
+        return data
+
+    @field_validator("query", "feed")
+    @classmethod
+    def _entry_point(cls, v: str | None) -> str | None:
+        if v is not None and v.count(":") != 1:
             raise ValueError(f"must look like 'package.module:function' (got {v!r})")
         return v
 
-    def load_query(self) -> Callable[..., Any]:
-        module, func = self.query.split(":")
-        try:
-            return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"option 'job.query': cannot load {self.query!r}: {exc}") from None
+    def query_of(self, spark: Any) -> Any:
+        """The job's streaming DataFrame."""
+        return _load("query", self.query)(spark, **self.args)
+
+    def feed_once(self, spark: Any) -> None:
+        """Write the query's next input, if the job has a ``feed``."""
+        if self.feed is not None:
+            _load("feed", self.feed)(spark, **self.args)
+
+
+def _load(option: str, entry: str) -> Callable[..., Any]:
+    module, func = entry.split(":")
+    try:
+        return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"option 'job.{option}': cannot load {entry!r}: {exc}") from None
 
 
 class JobConfig(BaseModel):

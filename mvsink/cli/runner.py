@@ -65,7 +65,8 @@ def run_job(
     master = spark_conf.pop("spark.master", "local[2]")
     spark = local_session("mvsink-job", master=master, conf=spark_conf, explicit=explicit)
     job = config.job
-    query_df: DataFrame = job.load_query()(spark)
+    query_df: DataFrame = job.query_of(spark)
+    job.feed_once(spark)
     sink = MVSink.from_options(config.sink)
     reports: list[EpochReport] = []
     failed: list[MVSinkError] = []
@@ -84,6 +85,8 @@ def run_job(
             _tamper(sink, epoch)
         if job.epochs is not None and len(reports) >= job.epochs:
             stop.set()
+        else:
+            job.feed_once(spark)  # the next epoch's input
 
     logging.getLogger("py4j.clientserver").addFilter(_not_mvsink_errors)
     query = (

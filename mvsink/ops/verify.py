@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -21,7 +22,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.compat import release
+from mvsink.compat import logical_plan, release
 from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.plan.rules import rules_for
@@ -185,6 +186,62 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Sources whose rows exist only as a query reads them: a fresh query never sees the ones the
+# view read. Keyed by what their relation is called in a logical plan.
+_GENERATED = {
+    "RateStreamProvider": "Spark's rate source, which makes rows as time passes",
+    "RatePerMicroBatchProvider": "Spark's rate-micro-batch source, which makes rows batch by batch",
+    "TextSocketSourceProvider": "a socket source, which keeps nothing it delivered",
+    "MemoryStream": "a memory stream, which lives in the query's process",
+}
+# Sources that start where they are told: (name, option, its default, what to set instead).
+_STARTS = {
+    "KafkaSourceProvider": (
+        "Kafka",
+        "startingOffsets",
+        "latest",  # a stream's default
+        "set startingOffsets to earliest in the job's query (while the topic keeps every record "
+        "since the view began)",
+    ),
+    "DeltaDataSource": (
+        "Delta",
+        "startingVersion",
+        "0",
+        "give startingVersion a version number in the job's query",
+    ),
+    "mvsink-delta": (
+        "mvsink-delta",
+        "startingVersion",
+        "0",
+        "give startingVersion a version number in the job's query",
+    ),
+}
+_OPTION = r"(?i)\b{}\s*(?:=|->)\s*([^,\]\}}\)\s]+)"
+
+
+def replay_refusal(plan: str) -> str | None:
+    """Why a fresh run of the streaming query whose logical plan is ``plan`` cannot compute
+    again what its view read, or None when its sources replay it."""
+    for line in plan.splitlines():
+        if "StreamingRelation" not in line and "StreamingDataSourceV2" not in line:
+            continue
+        for marker, what in _GENERATED.items():
+            if marker in line:
+                return f"its query reads {what}"
+        for marker, (name, option, default, instead) in _STARTS.items():
+            if marker not in line:
+                continue
+            given = re.search(_OPTION.format(option), line)
+            by_time = re.search(r"(?i)\bstarting(timestamp|offsetsbytimestamp)\b", line)
+            if (given.group(1) if given else default).lower() == "latest" and not by_time:
+                return (
+                    f"its query reads {name} from {option}=latest, where the query was when it "
+                    f"first started, so a fresh run sees none of what the view read; {instead} to "
+                    "verify it with --job"
+                )
+    return None
+
+
 def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
     """Desired of a complete-mode job file's view, computed once: its streaming query run over
     what its sources hold now (a fresh checkpoint under ``scratch``), the last batch kept."""
@@ -200,7 +257,14 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         batch.write.mode("overwrite").parquet(out)
 
     where = Where(job.sink.name, job.sink.target)
-    stream = job.job.load_query()(spark)
+    stream = job.job.query_of(spark)
+    refusal = replay_refusal(logical_plan(stream))
+    if refusal is not None:
+        raise ConfigError(
+            f"verify --job cannot know desired: {refusal}. --sql takes the view's query over data "
+            "that holds everything the view read",
+            where,
+        )
     try:
         query = (
             stream.writeStream.outputMode("complete")

@@ -25,13 +25,13 @@ QUERY = """
 import json, os
 from mvsink.demo import revenue_query
 
-def query(spark):
+def query(spark, orders):
     keys = ("spark.sql.session.timeZone", "spark.sql.shuffle.partitions", "spark.sql.caseSensitive")
     seen = {k: spark.conf.get(k) for k in keys}
     seen["master"] = spark.sparkContext.master
     with open(os.environ["MVSINK_TEST_SEEN"], "w") as fh:
         json.dump(seen, fh)
-    return revenue_query(spark)
+    return revenue_query(spark, orders)
 """
 
 
@@ -40,7 +40,8 @@ def _job(tmp_path, **extra: str) -> str:
     conf = tmp_path / "job.toml"
     conf.write_text(
         f'[job]\nquery = "{SEEN}:query"\ncheckpoint = "{tmp_path / "ckpt"}"\nepochs = 2\n'
-        f"trigger_seconds = 0.5\nshow = false\n"
+        f'trigger_seconds = 0.5\nshow = false\nfeed = "mvsink.demo:feed_orders"\n'
+        f'args = {{ orders = "{tmp_path / "orders"}" }}\n'
         f'[sink]\ntarget = "{tmp_path / "view"}"\nname = "revenue"\n'
         '[spark]\n"spark.master" = "local[2]"\n"spark.sql.shuffle.partitions" = "2"\n'
         '"spark.sql.caseSensitive" = "true"\n'
@@ -181,6 +182,7 @@ def test_show_reads_a_sample_through_the_sinks_store(spark, tmp_path, capsys, s3
                     "trigger_seconds": 0.5,
                     "checkpoint": str(tmp_path / "ckpt"),
                     "show": True,
+                    "args": {"orders": str(tmp_path / "orders")},
                 }
             ),
             "sink": config.sink.model_copy(update={"target": s3_target, "storage_options": s3_options}),
@@ -204,6 +206,7 @@ def test_a_failing_epoch_ends_with_the_sinks_reason(spark, tmp_path, capsys):
     conf.write_text(
         f'[job]\nquery = "mvsink.demo:latest_order_query"\noutput_mode = "update"\n'
         f'checkpoint = "{tmp_path / "ckpt"}"\ntrigger_seconds = 0.5\nepochs = 2\nshow = false\n'
+        f'feed = "mvsink.demo:feed_orders"\nargs = {{ orders = "{tmp_path / "orders"}" }}\n'
         f'[sink]\ntarget = "{tmp_path / "view"}"\nname = "latest"\nmode = "upsert"\n'
         'key = ["no_such_column"]\n'
     )

@@ -179,6 +179,7 @@ def test_verify_cli_exit_codes_with_sql_and_a_job_file(spark, tmp_path, local_ta
         f"""
 [job]
 query = "tests.ops.test_operations:orders_revenue"
+args = {{ orders = "{source}" }}
 checkpoint = "{tmp_path / "ckpt"}"
 epochs = 1
 show = false
@@ -189,16 +190,37 @@ name = "revenue"
 """
     )
     MVSink(str(view), "revenue")(expected(spark, str(source)), 0)
-    os.environ["MVSINK_TEST_ORDERS"] = str(source)  # the job's query module is imported anew
     assert main(["verify", "--job", str(job)]) == 0
     write_orders(str(source), "b", [("p3", 2)])  # the source moved on; the view did not
     assert main(["verify", "--job", str(job)]) == 1
     assert "1 row(s) missing" in capsys.readouterr().out
 
 
-def orders_revenue(spark):
-    orders = spark.readStream.schema("product string, amount long").csv(os.environ["MVSINK_TEST_ORDERS"])
+def orders_revenue(spark, orders):
+    orders = spark.readStream.schema("product string, amount long").csv(orders)
     return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+
+
+def rate_revenue(spark):
+    rate = spark.readStream.format("rate").load()
+    return rate.groupBy((F.col("value") % 3).alias("product")).agg(F.count(F.lit(1)).alias("n"))
+
+
+def test_verify_of_a_job_whose_source_cannot_replay_says_so_instead_of_a_difference(
+    spark, tmp_path, local_target, capsys
+):
+    # A fresh run of a rate source holds none of what the view read: not a difference to report.
+    MVSink(local_target, "rate")(spark.range(3).selectExpr("id AS product", "1L AS n"), 0)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\nquery = "tests.ops.test_operations:rate_revenue"\ncheckpoint = "{tmp_path / "c"}"\n'
+        f'[sink]\ntarget = "{local_target}"\nname = "rate"\n'
+    )
+    before = versions(local_target)
+    assert main(["verify", "--job", str(job)]) == 2
+    out, err = capsys.readouterr()
+    assert "cannot know desired" in err and "rate source" in err and "--sql" in err
+    assert "differs" not in out and versions(local_target) == before
 
 
 def _age(path: str, days: float) -> None:
