@@ -51,24 +51,37 @@ $(SPARK35_STAMP): pyproject.toml
 	$(SPARK35_VENV)/bin/pip install --quiet -e '.[dev,spark35,interop]'
 	@touch $(SPARK35_STAMP)
 
+# Servers the tests start that come from npm (Azurite), pinned in tools/package.json and its
+# lock file; without npm their tests are skipped with the reason.
+NODE_STAMP := tools/node_modules/.mvsink-installed
+
+$(NODE_STAMP): tools/package.json tools/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix tools --no-audit --no-fund --loglevel=error && touch $(NODE_STAMP); \
+	else echo "make: no npm on this machine: the Azure store tests will be skipped" >&2; fi
+
 demo: $(STAMP)
 	$(BIN)/mvsink run
 
 # The lines run in two tracks side by side, each line's output in build/test/LINE.log
 # (scripts/test_line.sh); a failed line does not stop the others, and `make test` fails at the
 # end naming it. The JVM jars are fetched first, once (jvm/*/pom.xml, scripts/jvm_jars.sh):
-# MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS and MVSINK_CONNECT_JARS name other folders. The JVMs
+# MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS, MVSINK_CONNECT_JARS, MVSINK_KAFKA4_JARS,
+# MVSINK_KAFKA35_JARS (Spark's Kafka source) and MVSINK_KAFKA_BROKER_JARS name other folders. The JVMs
 # the Spark lines start (Spark's, Connect's, a cluster's, a CLI job's) run with C1 only and the
 # serial collector: a quarter less CPU on short runs, with 2 cores shared by two tracks; nothing
 # a test checks depends on it.
-test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP)
+test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP) $(NODE_STAMP)
 	@rm -f build/test/*.failed
 	@DELTA44="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}"; \
 	DELTA33="$${MVSINK_DELTA33_JARS:-$$(scripts/jvm_jars.sh delta-3.3)}"; \
 	CONNECT35="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}"; \
+	KAFKA4="$${MVSINK_KAFKA4_JARS:-$$(scripts/jvm_jars.sh kafka-4)}"; \
+	KAFKA35="$${MVSINK_KAFKA35_JARS:-$$(scripts/jvm_jars.sh kafka-3.5)}"; \
+	export MVSINK_KAFKA_BROKER_JARS="$${MVSINK_KAFKA_BROKER_JARS:-$$(scripts/jvm_jars.sh kafka-broker)}"; \
 	JDK_JAVA_OPTIONS="$${JDK_JAVA_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}" \
 		$(MAKE) --no-print-directory -j2 DELTA44="$$DELTA44" DELTA33="$$DELTA33" \
-		CONNECT35="$$CONNECT35" test-track1 test-track2
+		CONNECT35="$$CONNECT35" KAFKA4="$$KAFKA4" KAFKA35="$$KAFKA35" test-track1 test-track2
 	@failed="$$(cd build/test && ls *.failed 2>/dev/null | sed 's/\.failed$$//' | tr '\n' ' ')"; \
 	if [ -n "$$failed" ]; then echo "make test: these lines failed: $$failed(logs in build/test/)"; exit 1; fi; \
 	echo "make test: every line passed"
@@ -81,14 +94,15 @@ DELTA_JVM := env -u JDK_JAVA_OPTIONS
 # commit outcome suite on its engine (the Delta 4.4 line runs every behaviour suite on the
 # engine, whose code is the same on both releases but for how it reaches their internals).
 test-track1: $(STAMP) $(SPARK35_STAMP)
-	-@$(LINE) 4.x $(BIN)/python -m pytest -q --ignore=tests/chaos
+	-@MVSINK_KAFKA_JARS="$(KAFKA4)" $(LINE) 4.x $(BIN)/python -m pytest -q --ignore=tests/chaos
 	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(DELTA_JVM) $(LINE) delta-3.3 \
 		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop tests/table/test_commit_outcome.py
 
 # PySpark 3.5 (with Connect: its server jar from Maven Central), then delta-spark 4.4 on PySpark
 # 4.2, then the distributed suite on a standalone cluster (executors in their own JVMs).
 test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
-	-@MVSINK_CONNECT_JARS="$(CONNECT35)" $(LINE) 3.5 $(SPARK35_VENV)/bin/python -m pytest -q
+	-@MVSINK_CONNECT_JARS="$(CONNECT35)" MVSINK_KAFKA_JARS="$(KAFKA35)" $(LINE) 3.5 \
+		$(SPARK35_VENV)/bin/python -m pytest -q
 	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" $(DELTA_JVM) $(LINE) delta-4.4 $(DELTA_VENV)/bin/python -m pytest -q
 	-@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
@@ -121,4 +135,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/complete_mode.py
 
 clean:
-	rm -rf $(VENV) $(SPARK35_VENV) $(DELTA_VENV) data build/test .pytest_cache
+	rm -rf $(VENV) $(SPARK35_VENV) $(DELTA_VENV) data build/test .pytest_cache tools/node_modules

