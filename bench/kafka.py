@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=50_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument(
+        "--sinks", default="mvsink,delta", help="which sinks, in this order (the first warms the JVM)"
+    )
     args = parser.parse_args()
     jars = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_KAFKA_JARS", ""), "*.jar")))
     delta = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_DELTA_JARS", ""), "*.jar")))
@@ -136,7 +139,8 @@ def main() -> None:
         per_epoch = -(-args.events // args.epochs)
         results = [
             run(sink, view(spark, kafka, topic, per_epoch), root)
-            for sink in ["mvsink", *(["delta"] if delta else [])]
+            for sink in args.sinks.split(",")
+            if sink == "mvsink" or delta
         ]
         summary = {
             "events": args.events,

@@ -17,30 +17,50 @@ import uuid
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from mvsink.errors import ConfigError
+
 ORDERS = "data/orders"
 ORDER_SCHEMA = "order_id long, product string, amount decimal(10,2)"
 ORDERS_PER_FILE = 20
 
 
 def feed_orders(spark: SparkSession, orders: str = ORDERS) -> None:
-    """Write the next ``ORDERS_PER_FILE`` orders into the folder ``orders`` as one file,
-    whole (written under a hidden name, then renamed: Spark never lists a part of it)."""
+    """Write the next ``ORDERS_PER_FILE`` orders into the folder ``orders`` as one new file,
+    whole: written under a hidden name (Spark lists none), then linked to the next free
+    number, never over an existing file."""
     os.makedirs(orders, exist_ok=True)
-    n = sum(1 for name in os.listdir(orders) if name.endswith(".json"))
-    first = n * ORDERS_PER_FILE
-    lines = [
-        json.dumps({"order_id": i, "product": f"p{i % 5}", "amount": i % 7 + 1})
-        for i in range(first, first + ORDERS_PER_FILE)
-    ]
     hidden = os.path.join(orders, f".{uuid.uuid4().hex}.tmp")
-    with open(hidden, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(hidden, os.path.join(orders, f"orders-{n:06d}.json"))
+    n = max((_number(name) for name in os.listdir(orders)), default=-1) + 1
+    try:
+        while True:
+            first = n * ORDERS_PER_FILE
+            lines = [
+                json.dumps({"order_id": i, "product": f"p{i % 5}", "amount": i % 7 + 1})
+                for i in range(first, first + ORDERS_PER_FILE)
+            ]
+            with open(hidden, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
+            try:
+                os.link(hidden, os.path.join(orders, f"orders-{n:06d}.json"))
+                return
+            except FileExistsError:
+                n += 1  # another feeder took this number
+    finally:
+        os.unlink(hidden)
+
+
+def _number(name: str) -> int:
+    stem = name.removeprefix("orders-").removesuffix(".json")
+    return int(stem) if name.startswith("orders-") and stem.isdigit() else -1
 
 
 def order_stream(spark: SparkSession, orders: str = ORDERS) -> DataFrame:
-    """The stream of the orders in the folder ``orders``."""
-    os.makedirs(orders, exist_ok=True)  # the query waits for the first file
+    """The stream of the orders in the folder ``orders``, which its feed writes."""
+    if not os.path.isdir(orders) or not any(_number(n) >= 0 for n in os.listdir(orders)):
+        raise ConfigError(
+            f"the demo's orders folder {orders!r} holds no orders: the demo's queries read the "
+            "files its feed writes (job feed = 'mvsink.demo:feed_orders', args = { orders = ... })"
+        )
     return spark.readStream.schema(ORDER_SCHEMA).json(orders)
 
 

@@ -273,7 +273,8 @@ def test_a_new_query_from_latest_beside_a_view_that_is_behind_is_refused(
     before = versions(local_target)
     late = run(str(tmp_path / "b"), startingOffsets="latest")
     try:
-        time.sleep(3)  # its first batch: the initial offsets it takes are the end of chunks[1]
+        # Its initial offsets, recorded once it has planned: the end of chunks[1].
+        wait_for(lambda: (tmp_path / "b" / "sources" / "0" / "0").exists())
         kafka.produce(topic, chunks[2], key="id")
         with pytest.raises(Exception, match="past the committed source offsets") as failed:
             late.awaitTermination(120)
@@ -384,8 +385,11 @@ def test_replicas_sharing_kafka_offsets_keep_the_view_exact_through_a_kill_and_a
             f"v{version}"
         )
     assert seen == ends(kafka, topic) and len(seen[topic]) == 3  # nothing lost, the new partition in
+    # The replicas raced: both committed epochs of the one view, or one's epochs were found
+    # behind the other's commits (replay).
     lineages = {commit_info(local_target, v)["mvsink.lineage"] for v in versions(local_target)}
-    assert len(lineages) == 2  # both replicas' queries committed epochs of the one view
+    outcomes = " ".join(out for out, _ in outs)
+    assert len(lineages) == 2 or "replay" in outcomes, outcomes
 
 
 def test_the_kafka_example_job_runs_and_verifies_from_earliest_but_not_from_latest(
@@ -416,8 +420,11 @@ def test_the_kafka_example_job_runs_and_verifies_from_earliest_but_not_from_late
     assert [r.outcome for r in run_job(config, stop=threading.Event())] == ["committed"]
     assert main(["verify", "--job", str(job)]) == 0  # a fresh run of the query from earliest
     assert "equals desired" in capsys.readouterr().out
-    latest = tmp_path / "latest.toml"
-    latest.write_text(job.read_text().replace("args = {", 'args = { starting = "latest",'))
-    assert main(["verify", "--job", str(latest)]) == 2
-    err = capsys.readouterr().err
-    assert "startingOffsets=latest" in err and "set startingOffsets to earliest" in err
+    for starting in ("latest", json.dumps({topic: {"0": -1, "1": 0}})):  # -1: latest, in JSON
+        latest = tmp_path / "latest.toml"
+        latest.write_text(
+            job.read_text().replace("args = {", f"args = {{ starting = {json.dumps(starting)},")
+        )
+        assert main(["verify", "--job", str(latest)]) == 2, starting
+        err = capsys.readouterr().err
+        assert "startingOffsets latest" in err and "set startingOffsets to earliest" in err

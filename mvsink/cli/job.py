@@ -8,6 +8,7 @@ default runs: the demo revenue view of ``mvsink.demo``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -52,10 +53,14 @@ class JobOptions(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _demo_by_default(cls, data: Any) -> Any:
-        """A job that names no query is the demo: its query, its feed and its orders folder,
-        six epochs."""
-        if isinstance(data, dict) and "query" not in data:
-            data = {"feed": "mvsink.demo:feed_orders", "args": {"orders": "data/orders"}, "epochs": 6, **data}
+        """A job that names no query is the demo (its query, six epochs); one whose query is
+        the demo's gets the demo's feed and orders folder unless it names its own."""
+        if not isinstance(data, dict):
+            return data
+        if "query" not in data:
+            data = {"epochs": 6, **data}
+        if str(data.get("query", "mvsink.demo:")).startswith("mvsink.demo:") and "feed" not in data:
+            data = {"feed": "mvsink.demo:feed_orders", "args": {"orders": "data/orders"}, **data}
         return data
 
     @field_validator("query", "feed")
@@ -67,20 +72,28 @@ class JobOptions(BaseModel):
 
     def query_of(self, spark: Any) -> Any:
         """The job's streaming DataFrame."""
-        return _load("query", self.query)(spark, **self.args)
+        return _load("query", self.query, self.args)(spark, **self.args)
 
     def feed_once(self, spark: Any) -> None:
         """Write the query's next input, if the job has a ``feed``."""
         if self.feed is not None:
-            _load("feed", self.feed)(spark, **self.args)
+            _load("feed", self.feed, self.args)(spark, **self.args)
 
 
-def _load(option: str, entry: str) -> Callable[..., Any]:
+def _load(option: str, entry: str, args: dict[str, Any]) -> Callable[..., Any]:
+    """The function ``entry`` names, checked to take a SparkSession and ``args``."""
     module, func = entry.split(":")
     try:
-        return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+        fn: Callable[..., Any] = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"option 'job.{option}': cannot load {entry!r}: {exc}") from None
+    try:
+        inspect.signature(fn).bind(None, **args)
+    except TypeError as exc:
+        raise ConfigError(f"option 'job.args' does not fit {entry} (job.{option}): {exc}") from None
+    except ValueError:
+        pass  # no signature to check (a builtin): the call says
+    return fn
 
 
 class JobConfig(BaseModel):

@@ -65,9 +65,9 @@ def run_job(
     master = spark_conf.pop("spark.master", "local[2]")
     spark = local_session("mvsink-job", master=master, conf=spark_conf, explicit=explicit)
     job = config.job
-    query_df: DataFrame = job.query_of(spark)
-    job.feed_once(spark)
     sink = MVSink.from_options(config.sink)
+    job.feed_once(spark)  # the first epoch's input
+    query_df: DataFrame = job.query_of(spark)
     reports: list[EpochReport] = []
     failed: list[MVSinkError] = []
 

@@ -344,6 +344,14 @@ def compare(time: Time, committed: Time | None) -> Verdict:
     return "ahead" if ahead else "behind" if behind else "same"
 
 
+def skips(start: Time, committed: Time) -> bool:
+    """Whether a batch starting at ``start`` leaves records after the committed time unread:
+    it starts past it in some part. A part the committed time lacks has had nothing
+    committed, so it counts from its beginning (0: a Kafka partition added, a new source); a
+    part the start lacks starts from nothing."""
+    return any(offset > committed.get(part, 0) for part, offset in start.items())
+
+
 def transactions(app_id: str, time: Time, lineage: str, writer: str | None, upper: int) -> dict[str, int]:
     """The app transactions recording ``time`` as the committed time: its parts and their
     number, and the lineage and upper of the commit (``continues``). (``~names`` = -1 matches

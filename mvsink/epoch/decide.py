@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mvsink.config import Cadence, SinkOptions
-from mvsink.epoch.clock import Time, Verdict, committed_time, compare, continues
+from mvsink.epoch.clock import Time, Verdict, committed_time, compare, continues, skips
 from mvsink.epoch.lineage import Lineage, Writers
 from mvsink.epoch.mint import BatchDescription, mint
 from mvsink.errors import LineageError, Where
@@ -253,7 +253,7 @@ def _check_gap(
             if opts.new_lineage_policy == "adopt":
                 log.warning("%s: %s; adopted", where, message)
                 return
-        elif compare(start, committed) in ("behind", "same"):
+        elif not skips(start, committed):
             return
         else:
             lost = (

@@ -77,6 +77,12 @@ DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
 _TIED = "__mvsink_tied"
+# Timestamps to the microsecond (JSON's default keeps milliseconds: rows a microsecond apart
+# would look equal).
+_EXACT_JSON = {
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+}
 _ROW = "__mvsink_row"
 _TI = "__mvsink_touched"
 _SIDE = "__mvsink_side"
@@ -212,7 +218,8 @@ def _conflicts(ranked: DataFrame, spec: UpsertSpec) -> DataFrame:
     by_key = Window.partitionBy(*keys)
     top = ranked.where(F.col(_RK) == 1).withColumn(_TIED, F.count(F.lit(1)).over(by_key))
     columns = [F.col(quote(c)) for c in ranked.columns if c not in (_RN, _RK, _TIED)]
-    tied = top.where(F.col(_TIED) > 1).withColumn(_ROW, F.to_json(F.struct(*columns)))
+    as_json = F.to_json(F.struct(*columns), _EXACT_JSON)
+    tied = top.where(F.col(_TIED) > 1).withColumn(_ROW, as_json)
     differ = (F.min(_ROW).over(by_key) != F.max(_ROW).over(by_key)).alias(_ROW)
     conflicts = tied.select(F.col(_RN), *keys, differ).where(F.col(_ROW) & (F.col(_RN) == 1))
     return conflicts.select(F.lit("duplicate").alias("kind"), *keys)

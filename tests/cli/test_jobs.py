@@ -216,6 +216,18 @@ def test_a_failing_epoch_ends_with_the_sinks_reason(spark, tmp_path, capsys):
     assert "StreamingQueryException" not in last and "Traceback" not in last
 
 
+def test_a_job_whose_args_do_not_fit_its_query_is_refused_before_anything_runs(tmp_path, capsys):
+    conf = tmp_path / "job.toml"
+    conf.write_text(
+        f'[job]\nquery = "mvsink.demo:revenue_query"\nargs = {{ orders = "{tmp_path / "o"}", nope = 1 }}\n'
+        f'checkpoint = "{tmp_path / "ckpt"}"\n[sink]\ntarget = "{tmp_path / "view"}"\nname = "v"\n'
+    )
+    assert main(["run", str(conf)]) == 2
+    err = capsys.readouterr().err
+    assert "option 'job.args' does not fit mvsink.demo:feed_orders" in err and "nope" in err
+    assert not (tmp_path / "view").exists() and not (tmp_path / "o").exists()
+
+
 def test_the_sink_checks_the_output_mode_only_of_a_desired_made_from_the_batch(spark, tmp_path):
     if "connect" in type(spark).__module__:
         pytest.skip("classic sessions only")

@@ -209,15 +209,44 @@ def test_a_complete_batch_of_a_new_checkpoint_starting_past_the_committed_offset
     assert chosen(whole, 0).outcome == "committed"
 
 
-def kafka_checkpoint(root: Path, query: str, initial: int, end: int) -> str:
-    """A new checkpoint of one query on Kafka partition 0 of topic ``t``: its initial offsets
-    (``sources/0/0``, as Spark's Kafka source records them) and its batch 0's end."""
+def kafka_checkpoint(root: Path, query: str, initial: int | dict[str, int], end: int | dict[str, int]) -> str:
+    """A new checkpoint of one query on Kafka topic ``t`` (partition 0, or the partitions
+    given): its initial offsets (``sources/0/0``, as Spark's Kafka source records them) and its
+    batch 0's end."""
+    start = {"0": initial} if isinstance(initial, int) else initial
+    stop = {"0": end} if isinstance(end, int) else end
     (root / "offsets").mkdir(parents=True)
     (root / "sources" / "0").mkdir(parents=True)
     (root / "metadata").write_text(json.dumps({"id": query}))
-    (root / "sources" / "0" / "0").write_text("\x00v1\n" + json.dumps({"t": {"0": initial}}))
-    (root / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"t": {"0": end}}) + "\n")
+    (root / "sources" / "0" / "0").write_text("\x00v1\n" + json.dumps({"t": start}))
+    (root / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n' + json.dumps({"t": stop}) + "\n")
     return str(root)
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_a_new_replica_from_the_start_of_a_topic_that_gained_a_partition_is_not_refused(
+    spark, tmp_path, local_target, mode
+):
+    # The view is behind at {0: 100, 1: 80}; partition 2 came since. A replica from earliest
+    # starts at 0 everywhere, partition 2 included: it skips nothing. One that starts partition
+    # 2 at 5 skips its first 5 records, which nobody committed.
+    options = {"mode": mode, **({"key": ["id"]} if mode == "upsert" else {})}
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    a = kafka_checkpoint(tmp_path / "a", "qa", initial={"0": 0, "1": 0}, end={"0": 100, "1": 80})
+    assert (
+        MVSink(local_target, "k", clock="source_offsets", checkpoint=a, **options)(rows, 0).outcome
+        == "committed"
+    )
+    late = kafka_checkpoint(
+        tmp_path / "late", "qb", initial={"0": 0, "1": 0, "2": 5}, end={"0": 120, "1": 90, "2": 9}
+    )
+    with pytest.raises(LineageError, match="past the committed source offsets"):
+        MVSink(local_target, "k", clock="source_offsets", checkpoint=late, **options)(rows, 0)
+    fresh = kafka_checkpoint(
+        tmp_path / "b", "qc", initial={"0": 0, "1": 0, "2": 0}, end={"0": 120, "1": 90, "2": 9}
+    )
+    sink = MVSink(local_target, "k", clock="source_offsets", checkpoint=fresh, **options)
+    assert sink(rows, 0).outcome in ("committed", "unchanged")
 
 
 def offsets_checkpoint(root: Path, query: str, batches: dict[int, list[str]]) -> str:

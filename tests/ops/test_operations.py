@@ -223,6 +223,21 @@ def test_verify_of_a_job_whose_source_cannot_replay_says_so_instead_of_a_differe
     assert "differs" not in out and versions(local_target) == before
 
 
+@pytest.mark.spark4("mvsink-delta is a Python data source")
+def test_verify_sees_an_mvsink_delta_source_read_from_latest(spark, tmp_path):
+    from mvsink.compat import logical_plan
+    from mvsink.ops.verify import replay_refusal
+    from mvsink.sources import register
+
+    register(spark)
+    source = str(tmp_path / "source")
+    write_deltalake(source, pa.table({"a": [1]}))
+    reader = spark.readStream.format("mvsink-delta").option("path", source)
+    assert replay_refusal(logical_plan(reader.load())) is None  # from its first version
+    latest = replay_refusal(logical_plan(reader.option("startingVersion", "latest").load()))
+    assert latest is not None and "mvsink-delta from startingVersion latest" in latest
+
+
 def _age(path: str, days: float) -> None:
     old = time.time() - days * 86400
     os.utime(path, (old, old))

@@ -135,6 +135,22 @@ def test_an_event_delivered_twice_counts_once_and_a_tie_that_differs_is_refused(
     assert versions(target) == before and rows_of(target) == Counter([(1, "x", 3), (2, "y", 5)])
 
 
+def test_a_tie_whose_rows_differ_by_a_microsecond_is_refused(spark, local_target, placement):
+    import datetime as dt
+
+    sink = MVSink(local_target, "us", mode="upsert", key=["id"], sequence_column="seq", placement=placement)
+    at = dt.datetime(2026, 1, 1, 12, 0, 0, 1000)
+    rows = [(1, 5, at, dt.date(2026, 1, 1)), (1, 5, at + dt.timedelta(microseconds=1), dt.date(2026, 1, 1))]
+    with pytest.raises(DuplicateKeyError, match=r"different values: \(1,\)"):
+        sink(spark.createDataFrame(rows, "id long, seq long, at timestamp, day date"), 0)
+    assert versions(local_target) == []
+    same = [(1, 5, at, dt.date(2026, 1, 1))] * 2  # the same event twice is one
+    assert (
+        sink(spark.createDataFrame(same, "id long, seq long, at timestamp, day date"), 0).outcome
+        == "committed"
+    )
+
+
 def test_a_nan_sequence_is_refused_and_leaves_the_target_unchanged(spark, target, placement):
     # Spark ranks NaN above every number within a batch, and no comparison with it holds
     # across batches: a NaN sequence would order one key's events two ways.
