@@ -115,7 +115,7 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
         return True
     return (
         chosen.get("engine") == "delta-spark"
-        and chosen.get("target") != "s3"
+        and chosen.get("target") in (None, "local")
         and not {"connect", "s3_options", "s3_target"} & set(getattr(item, "fixturenames", ()))
         and (chosen.get("placement") != "distributed" or module.endswith("test_distributed.py"))
         and item.get_closest_marker("single_engine") is None
@@ -296,10 +296,17 @@ def faults(_fault_proxy: FaultyS3) -> Iterator[FaultyS3]:
 
 @pytest.fixture(params=["local", "s3"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh table location, on local disk and on S3."""
+    """A fresh table location, on local disk and on S3 (and on Azure for the tests that ask for
+    it, ``indirect``: the environment then reaches Azurite, as it reaches S3)."""
     if request.param == "s3":
         request.getfixturevalue("spark")  # the environment reaching S3 is set up with it
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+    if request.param == "azure":
+        azure: Emulator = request.getfixturevalue("_azurite")
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        for key, value in azure.options.items():
+            monkeypatch.setenv(key.upper(), value)
+        return f"az://{azure.container()}/view"
     return os.path.join(str(tmp_path), "view")
 
 

@@ -31,6 +31,9 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 """Azurite's development account and key: public, the same in every Azurite."""
 
 
+_LOOSE = ("--skipApiVersionCheck", "--loose")
+
+
 class Emulator(NamedTuple):
     """A running store: its URI scheme, the storage options that reach it, and how to make a
     new container (bucket) on it."""
@@ -69,7 +72,17 @@ def azurite(folder: Path) -> Iterator[Emulator]:
     log = folder / "azurite.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(folder)],
+            # Without --skipApiVersionCheck Azurite refuses a client newer than itself.
+            [
+                str(AZURITE),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--location",
+                str(folder),
+                *_LOOSE,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -143,9 +143,9 @@ def expected_after(mode: str, epoch: int) -> Counter:
 
 @pytest.mark.parametrize(
     ("target", "mode"),
-    [("s3", "complete"), ("local", "upsert")],
+    [("s3", "complete"), ("local", "upsert"), ("azure", "complete")],
     indirect=["target"],
-    ids=["s3-complete", "local-upsert"],
+    ids=["s3-complete", "local-upsert", "azure-complete"],
 )
 @pytest.mark.newest_line
 def test_two_processes_racing_on_the_same_epochs(spark, target, tmp_path, mode, engine):

@@ -127,7 +127,13 @@ def test_a_commit_another_writer_replaced_after_it_was_reported_is_raised_at_the
     with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
         sink(people(spark, range(2, 9)), 2)
     assert "(DELETE)" in str(info.value) and info.value.epoch == 2
-    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
+    # Nothing staged, no data file touched (the index may drop entries of files that left the
+    # log, in the background: a cache of the sink's, not the table).
+    now = sorted(store(target).files(""))
+    assert versions(target) == [0, 1] and set(now) <= set(files)
+    assert [f for f in now if not f.startswith("_mvsink/")] == [
+        f for f in files if not f.startswith("_mvsink/")
+    ]
     assert sink(people(spark, range(2, 9)), 2).version == 2  # told once: the next attempt repairs
     assert_equal_to(target, people(spark, range(2, 9)))
     assert sink(people(spark, range(2, 10)), 3).version == 3  # its own commits pass the check
