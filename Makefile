@@ -1,11 +1,13 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and Java 17+ needed):
 #   make demo   creates .venv, installs mvsink, runs the embedded default job
 #   make test   creates .venv (and .venv-spark35, PySpark 3.5; .venv-delta, PySpark 4.2 for the
-#               JVM Delta line), fetches the JVM jars the lines need from Maven Central (jvm/),
-#               installs mvsink with its dev tools, runs the whole test suite on the newest
+#               JVM Delta line), fetches the JVM jars the lines need from Maven Central (jvm/)
+#               and Azurite from npm (tools/), installs mvsink with its dev tools, runs the
+#               whole test suite (Kafka and Azure against servers it starts) on the newest
 #               PySpark, again on 3.5 (with Connect), and the Delta lines: delta-spark 3.3 on
 #               3.5 and 4.4 on 4.2 (tests/interop, and the behaviour suites on their engine),
 #               in two tracks side by side, each line's output in build/test/
+#   make soak   the short seeded fault runs (tests/chaos), which CI runs after make test
 #   make fuzz   runs the model-based test (tests/test_model.py) long, from a random seed it prints
 PYTHON ?= python3
 VENV ?= .venv
