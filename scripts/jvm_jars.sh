@@ -18,8 +18,8 @@ stamp="$out/.fetched"
 digest="$(sha256sum "$pom" | cut -c1-64)"
 # A set run in a JVM of its own (the Kafka broker) needs its whole classpath: its pom says so
 # with <mvsink.transitive>true</mvsink.transitive>; the others list every artifact they add.
-transitive=false
-grep -q '<mvsink.transitive>true</mvsink.transitive>' "$pom" && transitive=true
+exclude_transitive=true
+grep -q '<mvsink.transitive>true</mvsink.transitive>' "$pom" && exclude_transitive=false
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   echo "$out"
   exit 0
@@ -28,7 +28,7 @@ rm -rf "$out"
 mkdir -p "$out"
 if ! command -v mvn >/dev/null 2>&1; then
   reason="no mvn on this machine"
-elif log="$(mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DexcludeTransitive="$([ $transitive = true ] && echo false || echo true)" \
+elif log="$(mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DexcludeTransitive="$exclude_transitive" \
       -DoutputDirectory="$out" 2>&1)"; then
   echo "$digest" > "$stamp"
   echo "$out"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.s3server import free_port, stop, wait_for_port
+from tests.s3server import free_port, serving
 
 KAFKA_JARS = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_KAFKA_JARS", ""), "*.jar")))
 """Spark's Kafka source and its dependencies, put on the test sessions' classpath."""
@@ -74,18 +74,8 @@ def kafka_broker(jars: str, folder: Path) -> Iterator[str]:
             check=True,
             timeout=120,
         )
-        proc = subprocess.Popen(
-            [*java, "kafka.Kafka", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        wait_for_port(proc, port, "Kafka broker", log)
+    with serving([*java, "kafka.Kafka", str(config)], port, "Kafka broker", log):
         yield f"127.0.0.1:{port}"
-    finally:
-        stop(proc)
 
 
 class Kafka:

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.s3server import free_port, stop, wait_for_port
+from tests.s3server import free_port, serving
 
 _ROOT = Path(__file__).resolve().parent.parent
 AZURITE = _ROOT / "tools" / "node_modules" / ".bin" / "azurite-blob"
@@ -69,27 +67,9 @@ class Emulator(NamedTuple):
 def azurite(folder: Path) -> Iterator[Emulator]:
     """Azurite's blob service, its data under ``folder``."""
     port = free_port()
-    log = folder / "azurite.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            # Without --skipApiVersionCheck Azurite refuses a client newer than itself.
-            [
-                str(AZURITE),
-                "--blobHost",
-                "127.0.0.1",
-                "--blobPort",
-                str(port),
-                "--location",
-                str(folder),
-                *_LOOSE,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        wait_for_port(proc, port, "Azurite", log)
+    # Without --skipApiVersionCheck Azurite refuses a client newer than itself.
+    command = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(folder)]
+    with serving([*command, *_LOOSE], port, "Azurite", folder / "azurite.log"):
         endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
         options = {
             "azure_storage_account_name": AZURITE_ACCOUNT,
@@ -98,8 +78,6 @@ def azurite(folder: Path) -> Iterator[Emulator]:
             "azure_allow_http": "true",
         }
         yield Emulator("az", options, endpoint)
-    finally:
-        stop(proc)
 
 
 def fake_gcs_binary() -> str | None:
@@ -117,30 +95,9 @@ def fake_gcs(folder: Path) -> Iterator[Emulator]:
     assert binary is not None
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    log = folder / "fake-gcs.log"
     public = ["-public-host", f"127.0.0.1:{port}", "-external-url", endpoint, "-log-level", "warn"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "-scheme",
-                "http",
-                "-host",
-                "127.0.0.1",
-                "-port",
-                str(port),
-                "-backend",
-                "memory",
-                *public,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ},
-        )
-    try:
-        wait_for_port(proc, port, "fake-gcs-server", log)
+    command = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory"]
+    with serving([*command, *public], port, "fake-gcs-server", folder / "fake-gcs.log"):
         key = {
             "gcs_base_url": endpoint,
             "disable_oauth": True,
@@ -150,5 +107,3 @@ def fake_gcs(folder: Path) -> Iterator[Emulator]:
         }
         options = {"google_service_account_key": json.dumps(key), "allow_http": "true"}
         yield Emulator("gs", options, endpoint)
-    finally:
-        stop(proc)

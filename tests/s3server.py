@@ -53,19 +53,26 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
+def serving(command: list[str], port: int, what: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run the server ``command`` in a process group of its own, its output to ``log``, until
+    it listens on ``port``; stop it (the whole group) when the block ends."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    try:
+        wait_for_port(proc, port, what, log)
+        yield proc
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
 def moto_server(log: Path) -> Iterator[dict[str, str]]:
     """Start a moto S3 server with bucket ``BUCKET``; yield the storage options reaching it."""
     port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        wait_for_port(proc, port, "moto S3 server", log)
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with serving(command, port, "moto S3 server", log):
         options = {
             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
             "AWS_ACCESS_KEY_ID": "testing",
@@ -83,8 +90,6 @@ def moto_server(log: Path) -> Iterator[dict[str, str]]:
             region_name="us-east-1",
         ).create_bucket(Bucket=BUCKET)
         yield options
-    finally:
-        stop(proc)
 
 
 class FaultyS3:
