@@ -70,7 +70,8 @@ demo: $(STAMP)
 # (scripts/test_line.sh); a failed line does not stop the others, and `make test` fails at the
 # end naming it. The JVM jars are fetched first, once (jvm/*/pom.xml, scripts/jvm_jars.sh):
 # MVSINK_DELTA_JARS, MVSINK_DELTA33_JARS, MVSINK_CONNECT_JARS, MVSINK_KAFKA4_JARS,
-# MVSINK_KAFKA35_JARS (Spark's Kafka source) and MVSINK_KAFKA_BROKER_JARS name other folders. The JVMs
+# MVSINK_KAFKA35_JARS (Spark's Kafka source), MVSINK_S3A_JARS (hadoop-aws) and
+# MVSINK_KAFKA_BROKER_JARS name other folders. The JVMs
 # the Spark lines start (Spark's, Connect's, a cluster's, a CLI job's) run with C1 only and the
 # serial collector: a quarter less CPU on short runs, with 2 cores shared by two tracks; nothing
 # a test checks depends on it.
@@ -81,10 +82,11 @@ test: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP) $(NODE_STAMP)
 	CONNECT35="$${MVSINK_CONNECT_JARS:-$$(scripts/jvm_jars.sh connect-3.5)}"; \
 	KAFKA4="$${MVSINK_KAFKA4_JARS:-$$(scripts/jvm_jars.sh kafka-4)}"; \
 	KAFKA35="$${MVSINK_KAFKA35_JARS:-$$(scripts/jvm_jars.sh kafka-3.5)}"; \
+	S3A="$${MVSINK_S3A_JARS:-$$(scripts/jvm_jars.sh s3a-3.5)}"; \
 	export MVSINK_KAFKA_BROKER_JARS="$${MVSINK_KAFKA_BROKER_JARS:-$$(scripts/jvm_jars.sh kafka-broker)}"; \
 	JDK_JAVA_OPTIONS="$${JDK_JAVA_OPTIONS:--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}" \
 		$(MAKE) --no-print-directory -j2 DELTA44="$$DELTA44" DELTA33="$$DELTA33" \
-		CONNECT35="$$CONNECT35" KAFKA4="$$KAFKA4" KAFKA35="$$KAFKA35" test-track1 test-track2
+		CONNECT35="$$CONNECT35" KAFKA4="$$KAFKA4" KAFKA35="$$KAFKA35" S3A="$$S3A" test-track1 test-track2
 	@failed="$$(cd build/test && ls *.failed 2>/dev/null | sed 's/\.failed$$//' | tr '\n' ' ')"; \
 	if [ -n "$$failed" ]; then echo "make test: these lines failed: $$failed(logs in build/test/)"; exit 1; fi; \
 	echo "make test: every line passed"
@@ -108,7 +110,8 @@ test-track1: $(STAMP) $(SPARK35_STAMP)
 test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
 	-@MVSINK_CONNECT_JARS="$(CONNECT35)" MVSINK_KAFKA_JARS="$(KAFKA35)" $(LINE) 3.5 \
 		$(SPARK35_VENV)/bin/python -m pytest -q
-	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" $(DELTA_JVM) $(LINE) delta-4.4 $(DELTA_VENV)/bin/python -m pytest -q
+	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" MVSINK_S3A_JARS="$(S3A)" $(DELTA_JVM) $(LINE) delta-4.4 \
+		$(DELTA_VENV)/bin/python -m pytest -q
 	-@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
 # The short seeded fault runs (tests/chaos, fixed seeds: 3 Spark driver processes SIGKILLed and

@@ -141,9 +141,30 @@ class JvmDelta:
         scheme = path.split("://", 1)[0].lower() if "://" in path else "file"
         known = self._stores.get(scheme)
         if known is None:
-            known = _store_kind(self._store_class(path, scheme), scheme)
+            missing = self._missing_file_system(scheme)
+            try:
+                known = _store_kind(self._store_class(path, scheme), scheme)
+            except EngineUnavailable as exc:
+                raise EngineUnavailable(f"{exc}{'; and ' + missing if missing else ''}") from None
+            if missing:
+                raise EngineUnavailable(missing)
             self._stores[scheme] = known
         return known
+
+    def _missing_file_system(self, scheme: str) -> str:
+        """What the session lacks to reach ``scheme`` paths at all, and what to add; ``""``
+        when nothing (only S3 is checked: Hadoop's S3A is a jar of its own, ``hadoop-aws``,
+        that a Spark session does not have unless it is added)."""
+        if scheme not in _S3_SCHEMES:
+            return ""
+        if self._jvm.org.apache.spark.util.Utils.classIsLoadable(_S3A):
+            return ""
+        hadoop = str(self._jvm.org.apache.hadoop.util.VersionInfo.getVersion())
+        return (
+            f"the session has no Hadoop S3A file system ({_S3A}), which Delta reads and writes "
+            f"s3a:// paths with: add org.apache.hadoop:hadoop-aws:{hadoop} (the session's Hadoop "
+            "version) to spark.jars.packages when the session starts"
+        )
 
     def _store_class(self, path: str, scheme: str) -> str:
         """The class of the log store Delta commits through for ``path`` (a delegating
@@ -305,10 +326,12 @@ class JvmDelta:
 
 
 _STORE_CONF = "spark.delta.logStore.{scheme}.impl"
+_S3_SCHEMES = ("s3", "s3a", "s3n")
+_S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 _DELTA_STORES = ("io.delta.storage.", "org.apache.spark.sql.delta.storage.")
 """Packages of Delta's own log stores (the Java ones and their older Scala twins)."""
 _EXCLUSIVE = {
-    "S3DynamoDBLogStore": ("s3", "s3a", "s3n"),
+    "S3DynamoDBLogStore": _S3_SCHEMES,
     "GCSLogStore": ("gs",),
     "AzureLogStore": ("abfs", "abfss", "adl", "wasb", "wasbs"),
     "HDFSLogStore": ("hdfs",),

@@ -11,11 +11,13 @@ log: a commit another writer replaced is reported lost, never committed.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
@@ -77,6 +79,10 @@ def test_the_store_is_the_one_delta_resolves_for_the_path_it_is_handed(spark, ro
             with pytest.raises(EngineUnavailable, match=verdict) as info:
                 JvmDelta(spark).check_store(root)
             print(info.value)
+            # These sessions have no hadoop-aws: an S3 refusal names it too, with the version.
+            hadoop = spark._jvm.org.apache.hadoop.util.VersionInfo.getVersion()  # type: ignore[union-attr]
+            s3 = root.startswith("s3")
+            assert (f"org.apache.hadoop:hadoop-aws:{hadoop}" in str(info.value)) == s3
 
 
 @pytest.mark.parametrize("scheme", ["s3", "s3a"])
@@ -97,6 +103,7 @@ def test_a_store_set_with_spark_conf_set_is_refused_as_the_one_delta_ignores(spa
     finally:
         spark.conf.unset(key)
     assert "spark.conf.set" in str(info.value) and "nothing was staged" in str(info.value)
+    assert "hadoop-aws" in str(info.value)  # these sessions have none: said in the same error
     assert store(target).files("") == []  # nothing written
 
 
@@ -292,6 +299,13 @@ from mvsink.cli.session import local_session
 
 target, conf = sys.argv[1], json.loads(sys.argv[2])
 spark = local_session("foreign-job", conf={"spark.driver.memory": "1g", **conf})
+if sys.argv[3:] == ["check-store"]:  # what the sink's JVM engine would say in this session
+    from mvsink.errors import EngineUnavailable
+    from mvsink.table.jvm_delta import JvmDelta
+    try:
+        print(json.dumps(JvmDelta(spark).check_store(target)))
+    except EngineUnavailable as exc:
+        print(json.dumps(str(exc)))
 spark.sql(f"DELETE FROM delta.`{target}` WHERE id = 0").collect()
 last = spark.sql(f"DESCRIBE HISTORY delta.`{target}` LIMIT 1").collect()[0]
 print(json.dumps([last["version"], last["operation"]]))
@@ -352,6 +366,160 @@ def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_
         sink(view(spark, range(0, 12)), 2)
     print(info.value)
     assert "DELETE" in str(info.value) and "epoch 2" in str(info.value)
+    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
+    assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
+    assert_equal_to(target, view(spark, range(0, 12)))
+
+
+SLOW_S3A_FS = """
+package mvsinktest;
+
+import java.io.File;
+import java.io.FilterOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.permission.FsPermission;
+import org.apache.hadoop.fs.s3a.S3AFileSystem;
+import org.apache.hadoop.util.Progressable;
+
+/** S3A on which a Delta commit file reaches S3 (its PUT, at close) a while after Delta checked
+ *  that the version is free and S3A opened the file, as a slow network or a GC pause can. On
+ *  entering the pause it creates a local file, so a test knows the job is inside its commit. */
+public class SlowS3AFileSystem extends S3AFileSystem {
+    @Override
+    public FSDataOutputStream create(Path f, FsPermission permission, boolean overwrite,
+            int bufferSize, short replication, long blockSize, Progressable progress)
+            throws IOException {
+        FSDataOutputStream out =
+            super.create(f, permission, overwrite, bufferSize, replication, blockSize, progress);
+        if (!f.getParent().getName().equals("_delta_log") || !f.getName().endsWith(".json")) {
+            return out;
+        }
+        long delayMs = getConf().getLong("mvsinktest.commitDelayMs", 0);
+        File marker = new File(getConf().get("mvsinktest.markerDir"), f.getName());
+        OutputStream slow = new FilterOutputStream(out) {
+            @Override
+            public void write(byte[] b, int off, int len) throws IOException {
+                out.write(b, off, len);
+            }
+
+            @Override
+            public void close() throws IOException {
+                marker.createNewFile();
+                try {
+                    Thread.sleep(delayMs);
+                } catch (InterruptedException e) {
+                    throw new IOException(e);
+                }
+                out.close();
+            }
+        };
+        return new FSDataOutputStream(slow, null);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_s3a(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Session conf for a Spark job on the suite's S3 server through Hadoop's S3A
+    (``hadoop-aws`` and its AWS SDK, ``jvm/s3a-3.5``), with ``SlowS3AFileSystem`` (compiled
+    here: needs a JDK) for ``s3a://`` and Delta's default store there, S3SingleDriverLogStore."""
+    import shutil
+
+    import pyspark
+
+    s3a = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_S3A_JARS", ""), "*.jar")))
+    if not s3a:
+        pytest.skip("no hadoop-aws: set MVSINK_S3A_JARS to a folder of the jars jvm/s3a-3.5 lists")
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac: the slow S3A file system of this test is compiled from source")
+    folder = tmp_path_factory.mktemp("slows3a")
+    source = folder / "SlowS3AFileSystem.java"
+    source.write_text(SLOW_S3A_FS)
+    spark_jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
+    classpath = os.pathsep.join([spark_jars, *s3a])
+    subprocess.run(
+        [javac, "-nowarn", "-cp", classpath, "-d", str(folder / "classes"), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    markers = folder / "markers"
+    markers.mkdir()
+    endpoint = os.environ["AWS_ENDPOINT_URL"]  # the suite's S3 server (the spark fixture's)
+    return {
+        # The system class path: S3AFileSystem and its subclass are loaded by one loader.
+        "spark.driver.extraClassPath": os.pathsep.join([*s3a, str(folder / "classes")]),
+        "spark.hadoop.fs.s3a.impl": "mvsinktest.SlowS3AFileSystem",
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": os.environ.get("AWS_REGION", "us-east-1"),
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        # Buffer uploads in memory: the session's local file system is the raw one (no
+        # checksum files), which S3A's disk buffer cannot use.
+        "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer",
+        "spark.hadoop.fs.s3a.access.key": os.environ["AWS_ACCESS_KEY_ID"],
+        "spark.hadoop.fs.s3a.secret.key": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "spark.hadoop.mvsinktest.markerDir": str(markers),
+        "spark.hadoop.mvsinktest.commitDelayMs": "6000",
+    }
+
+
+def test_a_spark_job_on_s3_replaces_a_commit_of_the_sink_on_delta_rs_and_the_next_epoch_reports_it(
+    spark, tmp_path, slow_s3a
+):
+    """The unsafe pair of ``docs/design.md`` on S3, for real: a Spark job's Delta DELETE
+    through S3A and Delta's default S3 store (S3SingleDriverLogStore: it checks that the
+    version is free, and S3A then PUTs the commit without a condition), beside mvsink on
+    delta-rs (a PUT with ``If-None-Match``). The job's PUT reaches S3 after the sink's
+    (``SlowS3AFileSystem``), replaces it, and both report version 1 committed. The sink's next
+    epoch raises ``CommitReplacedError`` before staging anything; the epoch after repairs."""
+    from mvsink import CommitReplacedError
+    from tests.helpers import assert_equal_to
+    from tests.s3server import BUCKET
+
+    target = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
+    sink = MVSink(target, "v")
+    sink(view(spark, range(0, 10)), 0)
+    script = tmp_path / "job.py"
+    script.write_text(FOREIGN_JOB)
+    markers = slow_s3a["spark.hadoop.mvsinktest.markerDir"]
+    conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow_s3a})
+    job = subprocess.Popen(
+        [sys.executable, str(script), "s3a://" + target.removeprefix("s3://"), conf, "check-store"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        cwd=os.getcwd(),
+    )
+
+    def inside_the_jobs_commit(snap: object) -> None:
+        """Wait until the job has checked that version 1 is free and is about to PUT it."""
+        deadline = time.monotonic() + 240
+        while not os.path.exists(os.path.join(markers, f"{1:020}.json")):
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the job never reached its commit"
+            time.sleep(0.005)
+
+    sink.state.before_commit = inside_the_jobs_commit
+    report = sink(view(spark, range(0, 12)), 1)
+    sink.state.before_commit = None
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
+    assert report.outcome == "committed" and report.version == 1
+    refusal, outcome = (json.loads(line) for line in out.strip().splitlines()[-2:])
+    assert outcome == [1, "DELETE"]  # the job "won" version 1 too
+    assert commit_info(target, 1)["operation"] == "DELETE"  # its PUT replaced the sink's
+    # The sink's JVM engine in the job's session (hadoop-aws present) refuses its store alone.
+    assert "S3SingleDriverLogStore" in refusal and "hadoop-aws" not in refusal, refusal
+    files = sorted(store(target).files(""))
+    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
+        sink(view(spark, range(0, 12)), 2)
+    print(info.value)
     assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
     assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
     assert_equal_to(target, view(spark, range(0, 12)))
