@@ -207,6 +207,12 @@ class SinkOptions(_Frozen):
     """Recorded in each commit's metadata; defaults to ``host:pid``."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     """Behaviour after a lost commit race."""
+    schema_changes: Literal["refuse", "evolve"] = "refuse"
+    """What an epoch does when desired's columns differ from the target's (``schema.py``):
+    ``refuse`` (a ``SchemaMismatchError``, nothing written), or ``evolve``: the view's table
+    takes desired's columns in the epoch's commit (complete mode: columns added, dropped or
+    widened, every row rewritten in that one version). Narrowed types and changed key,
+    partition or sequence columns are refused either way (docs/modes.md)."""
 
     @field_validator("name")
     @classmethod

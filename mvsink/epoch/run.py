@@ -41,6 +41,7 @@ from mvsink.errors import (
     InvariantViolation,
     MVSinkError,
     RetriesExhaustedError,
+    SchemaMismatchError,
     SparkJobError,
     UnsupportedTableError,
     Where,
@@ -52,14 +53,27 @@ from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
 from mvsink.table.deletion_vectors import vector_files
-from mvsink.table.delta import Landed, Lost, Snapshot, append, load_snapshot
+from mvsink.table.delta import (
+    Landed,
+    Lost,
+    Snapshot,
+    add_columns,
+    append,
+    keeps_files_across_schema_change,
+    load_snapshot,
+    physical_names,
+)
 from mvsink.table.index import PersistedIndex
 from mvsink.table.log import commit_info
-from mvsink.table.record import ATTEMPT, EpochRecord, Keys, now_ms
+from mvsink.table.record import ATTEMPT, EpochRecord, Keys, now_ms, schema_metadata
 from mvsink.table.schema import (
+    check_evolution,
     check_fits,
     check_roles,
     check_supported,
+    evolved_schema_json,
+    schema_change,
+    schema_digest,
     stored_struct,
     target_schema_json,
     target_struct,
@@ -266,10 +280,14 @@ class Epoch:
         decision = self.decide(snap)
         if isinstance(decision, Skip):
             return self.skip(decision, snap, layout, attempt)
+        if layout.replaces is not None and not (
+            self.opts.mode == "complete" or keeps_files_across_schema_change(snap)
+        ):
+            return self.add_columns(snap, layout)
         plan = self.mode.plan(snap, layout)
         staged = self.stage(plan, snap, layout)
-        if not (staged.adds or staged.removes or decision.always):
-            # Nothing to change and no heartbeat due: no version (decide.py).
+        if not (staged.adds or staged.removes or decision.always or layout.replaces):
+            # Nothing to change, no heartbeat due, the schema kept: no version (decide.py).
             self.discard(staged, plan)
             self.ctx.drain()
             return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
@@ -318,14 +336,45 @@ class Epoch:
             schema_json = target_schema_json(self.stored)
             return Layout(schema_json, target_struct(schema_json), tuple(wanted or ()))
         assert snap.schema_json is not None
-        check_fits(self.stored, snap.schema_json, self.where)
         if wanted is not None and tuple(wanted) != snap.partition_by:
             raise ConfigError(
                 f"option 'partition_by' is {list(wanted)} but the target is partitioned by "
                 f"{list(snap.partition_by)}; drop the option to keep the target's partitioning",
                 self.where,
             )
-        return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+        change = schema_change(self.stored, snap.schema_json)
+        if not change:
+            return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
+        if self.opts.schema_changes == "refuse":
+            check_fits(self.stored, snap.schema_json, self.where)
+        self._check_not_retired(snap)
+        opts = self.opts
+        roles = [(c, "key") for c in opts.key] + [(c, "partition") for c in snap.partition_by]
+        roles += [(opts.sequence_column, "sequence")] if opts.sequence_column else []
+        check_evolution(
+            change,
+            mode=opts.mode,
+            desired=self.stored,
+            roles=roles,
+            mapped=bool(physical_names(snap.schema_json)),
+            features=snap.features,
+            where=self.where,
+        )
+        schema_json = evolved_schema_json(snap.schema_json, self.stored)
+        return Layout(schema_json, target_struct(schema_json), snap.partition_by, replaces=snap.schema_json)
+
+    def _check_not_retired(self, snap: Snapshot) -> None:
+        """Desired's schema is not one the view's table changed away from: a replica still on
+        the query the view's query replaced would change it back (``schema.py``)."""
+        left = snap.transaction(Keys(self.opts.app_id).retired_schema(schema_digest(self.stored)))
+        if left is not None:
+            raise SchemaMismatchError(
+                f"desired has the columns the view's table had until version {left}, when a sink "
+                "with schema_changes = 'evolve' changed them: this sink runs the query the view's "
+                "query replaced (a replica not yet redeployed?). Nothing was written: stop it, or "
+                "run the new query.",
+                self.where,
+            )
 
     def decide(self, snap: Snapshot) -> Commit | Skip:
         opts = self.opts
@@ -413,6 +462,7 @@ class Epoch:
                 transactions={
                     **self._transactions(desc, decision.lineage, decision.writers),
                     **(staged.side.transactions if staged.side is not None else {}),
+                    **self._retiring(snap, layout),
                 },
                 _after_call=self.state.after_commit_call,
             )
@@ -421,6 +471,32 @@ class Epoch:
         else:
             self.state.landed = LandedCommit(snap.table_id, outcome.version, attempt_id, self.epoch)
         return outcome
+
+    def add_columns(self, snap: Snapshot, layout: Layout) -> Lost | None:
+        """Upsert and append mode through delta-rs: desired's added columns go into the table
+        in a commit of their own (``delta.add_columns``), then the attempt starts over (None)
+        against the table with them; a lost race is a lost attempt."""
+        assert layout.replaces is not None
+        change = schema_change(layout.struct, layout.replaces).says()
+        with self.ctx.phase("commit"):
+            outcome = add_columns(
+                snap,
+                self.ctx.store,
+                schema_json=layout.schema_json,
+                attempt_id=uuid.uuid4().hex,
+                metadata=schema_metadata(self.opts.name, self.epoch, change),
+                transactions=self._retiring(snap, layout),
+                where=self.where,
+            )
+        if isinstance(outcome, Lost):
+            return outcome
+        log.info(
+            "%s: the view's table took desired's columns (%s) as version %d",
+            self.where,
+            change,
+            outcome.version,
+        )
+        return None
 
     def report(
         self,
@@ -585,6 +661,13 @@ class Epoch:
             )
             return {**clock, **writers.restamp(), **at}
         return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
+
+    def _retiring(self, snap: Snapshot, layout: Layout) -> dict[str, int]:
+        """A commit that changes the table's schema records the schema it leaves, with the
+        version it leaves it at (``_check_not_retired``)."""
+        if layout.replaces is None or snap.version is None:
+            return {}
+        return {Keys(self.opts.app_id).retired_schema(schema_digest(layout.replaces)): snap.version + 1}
 
     def _record(self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int) -> EpochRecord:
         return EpochRecord(

@@ -46,7 +46,7 @@ from mvsink.plan.context import EpochContext, give_back_memory, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
 from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
-from mvsink.table.delta import Snapshot
+from mvsink.table.delta import Snapshot, keeps_files_across_schema_change
 from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote, spark_lanes
 from mvsink.table.index import PersistedIndex, StoredIndex
 from mvsink.table.write import Layout, Plan, Rewrite, Staged, raise_task_errors
@@ -95,6 +95,10 @@ class Complete:
         self.stored = StoredIndex.of(ctx.store, ctx.opts.name, layout.arrow)
         if not snap.files and self.hashed is None:
             return self._initial_load(layout, rules)
+        if layout.replaces is not None and (
+            layout.rewrites_every_file or not keeps_files_across_schema_change(snap)
+        ):
+            return self._reshape(snap, layout, rules)
         self.index.sweep_once(self.stored, snap, ctx.where)
         if ctx.placement(snap) == "distributed" or not self._collect(layout, rules):
             return self._plan_distributed(snap, layout, rules)
@@ -156,6 +160,33 @@ class Complete:
         # ... and the write tasks check each row they write again: a cache block lost since is
         # computed again, which for a nondeterministic query gives other rows.
         return Plan(checked(desired, rules), None, index=self.stored)
+
+    def _reshape(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
+        """The epoch that changes the table's schema, where the commit must replace every file
+        (``Layout.rewrites_every_file``, ``keeps_files_across_schema_change``): desired
+        written whole by Spark tasks, never collected, as an initial load is, and every file
+        of the snapshot retracted whole (not read, but to count a file the log gives no row
+        count of). Otherwise a schema change is an epoch like any other: the index of the new
+        layout reads the table's files in it (an added column null in older files) and the
+        correction writes what differs."""
+        ctx = self.ctx
+        ctx.whole = True
+        log.info(
+            "%s: the view's schema changes in this epoch: desired is written whole, replacing "
+            "the table's %d files",
+            ctx.where,
+            len(snap.files),
+        )
+        desired = self._hashed(layout) if rules else with_fingerprints(ctx.batch, layout)
+        ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
+        rewrites = []
+        for f in snap.files:
+            if f.num_records is None:
+                rows = ctx.store.read(f, layout.arrow, snap.partition_by)
+                rewrites.append(Rewrite(f, rows, np.arange(rows.num_rows, dtype=np.int64)))
+            else:
+                rewrites.append(Rewrite(f, None, np.arange(f.num_records, dtype=np.int64)))
+        return Plan(checked(desired, rules), None, tuple(rewrites), index=self.stored)
 
     def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
         ctx = self.ctx

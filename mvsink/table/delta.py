@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import DeltaTable, Field, Schema, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
@@ -591,6 +591,55 @@ class Lost:
     reason: str
 
 
+def keeps_files_across_schema_change(snap: Snapshot) -> bool:
+    """Whether a commit through ``snap``'s engine can change the table's schema and keep some
+    of its files. The JVM Delta can: a ``metaData`` action beside any file actions. delta-rs
+    commits a new schema only by replacing every file (its overwrite); its append keeps the
+    old schema whatever it is handed (measured on deltalake 1.6: the new schema is dropped
+    without an error), so ``compare_and_append`` never asks it to."""
+    return snap._jvm is not None
+
+
+def add_columns(
+    snap: Snapshot,
+    log_files: LogFiles,
+    *,
+    schema_json: str,
+    attempt_id: str,
+    metadata: Mapping[str, str],
+    transactions: Mapping[str, int],
+    where: Where,
+) -> Landed | Lost:
+    """Add the columns of ``schema_json`` that the table lacks, in a commit of that alone,
+    strictly on ``snap`` (as ``compare_and_append``: one attempt, the outcome read from the
+    log when the call fails), through delta-rs. How a view in upsert or append mode takes
+    added columns on that engine, which cannot commit a schema change beside the epoch's
+    removes (``keeps_files_across_schema_change``): the version holds the table's rows as
+    they were, null in the added columns, which is what those modes leave in rows an epoch
+    does not touch."""
+    assert snap.version is not None and snap.schema_json is not None
+    version = snap.version + 1
+    have = {f["name"] for f in json.loads(snap.schema_json)["fields"]}
+    fields = [
+        Field.from_json(json.dumps(f)) for f in json.loads(schema_json)["fields"] if f["name"] not in have
+    ]
+    now = int(time.time() * 1000)
+    props = CommitProperties(
+        custom_metadata={**metadata, record.ATTEMPT: attempt_id},
+        max_commit_retries=0,
+        app_transactions=[Transaction(k, v, now) for k, v in transactions.items()],
+    )
+    try:
+        snap._table.alter.add_columns(fields, commit_properties=props, post_commithook_properties=_NO_HOOKS)
+    except Exception as exc:
+        try:
+            _resolve(log_files, version, attempt_id, exc, where)
+        except ConflictError as lost:
+            return Lost(lost.message)
+    _maintain_log(snap, version, where)
+    return Landed(version)
+
+
 def append(snap: Snapshot, log_files: LogFiles, **commit: Any) -> Landed | Lost:
     """``compare_and_append`` with its outcome as a value: ``Landed`` or ``Lost``. An outcome
     the log cannot tell raises ``CommitOutcomeUnknownError``: the commit may have landed."""
@@ -632,6 +681,10 @@ def compare_and_append(
     off, because its rebase turns our removes of concurrently compacted files into silent
     no-ops). Returns the new version.
 
+    A ``schema_json`` other than the snapshot's changes the table's schema in the same commit
+    (a ``metaData`` action): through delta-rs only with every file of the snapshot removed
+    (``keeps_files_across_schema_change``).
+
     Outcomes, and what they allow the caller to do with the staged files:
 
     * returns: the commit landed (possibly found in the log after the call failed);
@@ -667,6 +720,15 @@ def compare_and_append(
         for f in removes
     ]
     parts = list(partition_by) or None
+    new_schema = snap.version is not None and schema_json != snap.schema_json
+    if new_schema and not keeps_files_across_schema_change(snap):
+        left = {f.path for f in snap.files} - {f.path for f in removes}
+        if left or updates:
+            raise InvariantViolation(
+                f"a schema change through delta-rs must replace every file, and {len(left)} "
+                "of the table's would stay",
+                where,
+            )
     if (changes or updates) and snap._jvm is None:
         raise InvariantViolation(
             "change files or deletion vectors were staged for a commit through delta-rs, which "
@@ -677,7 +739,8 @@ def compare_and_append(
     # cannot have landed anything) happens first.
     jvm_commit = None
     if snap._jvm is not None:
-        jvm_commit = _prepare_jvm(snap, adds, removes, changes, updates, props, data_change, where)
+        changed = schema_json if new_schema else None
+        jvm_commit = _prepare_jvm(snap, adds, removes, changes, updates, props, data_change, where, changed)
     landed: int | None = None
     # mvsink's delta-rs commits to a local table take the commit turn too: the JVM's local
     # store replaces a commit file it found free a moment before (``jvm_delta.commit_turn``).
@@ -709,6 +772,18 @@ def compare_and_append(
                         f"the session's Delta reported version {version} committed, and its log file "
                         "holds another commit"
                     )
+            elif new_schema:
+                # delta-rs's overwrite: removes every file of the snapshot it was loaded at (the
+                # same files as ``removes``, checked above) and writes the new schema.
+                table: DeltaTable = snap._table
+                table.create_write_transaction(
+                    list[AddAction | RemoveAction](add_actions),
+                    mode="overwrite",
+                    schema=Schema.from_json(schema_json),
+                    partition_by=parts,
+                    commit_properties=props,
+                    post_commithook_properties=_NO_HOOKS,
+                )
             else:
                 dt: DeltaTable = snap._table
                 dt.create_write_transaction(
@@ -749,9 +824,11 @@ def _prepare_jvm(
     props: CommitProperties,
     data_change: bool,
     where: Where,
+    schema_json: str | None = None,
 ) -> Callable[[], int]:
     """The commit of ``compare_and_append`` through the session's JVM Delta, up to its call.
-    Removed and re-added files repeat what the snapshot's add actions say of them."""
+    Removed and re-added files repeat what the snapshot's add actions say of them; a
+    ``schema_json`` becomes the table's schema in the same commit."""
     from urllib.parse import quote
 
     from mvsink.table.jvm_delta import add_action, cdc_action, readd_action, remove_action, txn_action
@@ -786,7 +863,8 @@ def _prepare_jvm(
         *(cdc_action(quote(f.path, safe="/="), f.size, keyed(f.partition_values)) for f in changes),
         *(txn_action(t.app_id, t.version) for t in transactions),
     ]
-    return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata)  # type: ignore[no-any-return]
+    changed = {} if schema_json is None else {"schema_json": schema_json}
+    return snap._jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata, **changed)  # type: ignore[no-any-return]
 
 
 def physical_names(schema_json: str | None) -> dict[str, str]:

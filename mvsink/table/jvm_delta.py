@@ -264,15 +264,22 @@ class JvmDelta:
         actions: Sequence[Mapping[str, Any]],
         tags: Mapping[str, str],
         user_metadata: str | None,
+        *,
+        schema_json: str | None = None,
     ) -> Callable[[], int]:
         """Everything up to the commit call (whose failure cannot have landed anything): a
         transaction on ``read_version`` of the table at ``root`` with ``actions`` (Delta-log
-        JSON objects). The returned call commits it, strictly as ``read_version + 1``, one
-        attempt, and returns the version it landed as. On local disk the call first waits
-        for the table's commit turn (``commit_turn``)."""
+        JSON objects), and with ``schema_json`` as the table's schema if given (the
+        snapshot's ``metaData``, its schema replaced). The returned call commits it, strictly
+        as ``read_version + 1``, one attempt, and returns the version it landed as. On local
+        disk the call first waits for the table's commit turn (``commit_turn``)."""
         jvm = self._jvm
         delta_log = self._log(root)
         snapshot = self._snapshot_at(delta_log, read_version)
+        if schema_json is not None:
+            meta = json.loads(str(snapshot.metadata().json()))
+            meta["metaData"]["schemaString"] = schema_json
+            actions = [*actions, meta]
         txn = delta_log.startTransaction(jvm.scala.Option.empty(), jvm.scala.Some(snapshot))
         # One attempt (``COMMIT_CONF``): the call fails if any commit holds the version, data
         # or app transactions alike, so nothing is registered as read. (Reading an app

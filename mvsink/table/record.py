@@ -15,6 +15,8 @@ Two kinds of records, both written in the same commit as the data they describe:
   ``mvsink:<view>#active``                the number of the last promotion of a writer
   ``mvsink:<view>#writer@<W>``            the promotion that made writer ``W`` active
   ``mvsink:<view>#tombstones``            the number of the view's current tombstone set
+  ``mvsink:<view>#schema@<S>``            the version at which the view's table left schema
+                                          ``S`` (``schema.schema_digest``), never to go back
   ``mvsink:<view>~<part>``                a part of the committed clock time, and ``~#parts``,
                                           ``~#by``, ``~#upper``, ``~names`` (``epoch/clock.py``)
   ======================================  ====================================================
@@ -122,6 +124,9 @@ class Keys:
     @property
     def tombstones(self) -> str:
         return f"{self.app_id}#tombstones"
+
+    def retired_schema(self, schema_digest: str) -> str:
+        return f"{self.app_id}#schema@{schema_digest}"
 
     def clock(self, part: str) -> str:
         """A part of the committed clock time (and the clock's own entries, whose names start
@@ -271,6 +276,17 @@ def compact_metadata(view: str, removed: int, added: int) -> dict[str, str]:
         "mvsink.operation": "compact",
         "mvsink.files_removed": str(removed),
         "mvsink.files_added": str(added),
+    }
+
+
+def schema_metadata(view: str, epoch: int, change: str) -> dict[str, str]:
+    """The commit metadata of a commit that only adds columns to ``view``'s table, just before
+    epoch ``epoch``'s (``table/delta.add_columns``)."""
+    return {
+        "userMetadata": f"mvsink view {view}: schema change for epoch {epoch}: {change}",
+        VIEW: view,
+        "mvsink.operation": "schema",
+        "mvsink.schema_change": change,
     }
 
 

@@ -1,15 +1,25 @@
-"""Schemas: what desired may look like, and whether it fits the target.
+"""Schemas: what desired may look like, whether it fits the target, and how it may change.
 
 The target's schema is desired's with every field made nullable (Spark's nullability
 inference changes with the plan; a view must not fail because an aggregate became nullable).
 Desired fits the target when it has the same column names and, column by column, the same
 types up to nullability; column order may differ (rows are selected in the target's order).
+
+When it does not fit, ``schema_change`` says how: columns added, dropped, widened (a type
+every old value converts to exactly: ``WIDENINGS``), and what no change of the table can
+make (a narrowed or otherwise changed type). ``check_evolution`` holds the rules of
+``schema_changes = "evolve"``: the invariant it keeps is that a view's table only ever takes
+a schema that desired has, in the commit that writes desired's rows in it, and never goes
+back to a schema it left (a replica still on the old query is refused, ``schema_digest``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -158,9 +168,149 @@ def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
         raise SchemaMismatchError(
             "desired's schema differs from the target's: "
             + "; ".join(sorted(problems))
-            + ". mvsink does not evolve schemas: write the view to a new target, or cast desired.",
+            + ". The sink's schema_changes is 'refuse': cast desired, set schema_changes = "
+            "'evolve' to change the view's table in place (docs/modes.md), or write the view to a "
+            "new target.",
             where,
             columns=tuple(sorted(columns)),
+        )
+
+
+_INTEGRAL = ("byte", "short", "integer", "long")
+WIDENINGS = frozenset(
+    {(a, b) for i, a in enumerate(_INTEGRAL) for b in _INTEGRAL[i + 1 :]}
+    | {("float", "double"), ("date", "timestamp_ntz")}
+)
+"""Type changes (Delta's type names) that convert every value of the old type exactly; a
+decimal widens when neither its integer digits nor its scale shrink (``_widens``)."""
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+
+
+def _widens(old: Any, new: Any) -> bool:
+    if not isinstance(old, str) or not isinstance(new, str):
+        return False
+    if (old, new) in WIDENINGS:
+        return True
+    a, b = _DECIMAL.fullmatch(old), _DECIMAL.fullmatch(new)
+    if a is None or b is None:
+        return False
+    (p1, s1), (p2, s2) = (int(a[1]), int(a[2])), (int(b[1]), int(b[2]))
+    return (p2, s2) != (p1, s1) and s2 >= s1 and p2 - s2 >= p1 - s1
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """How desired's columns differ from the target's (``schema_change``)."""
+
+    added: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    widened: tuple[tuple[str, str, str], ...] = ()
+    """(column, the target's type, desired's type)."""
+    changed: tuple[tuple[str, str, str], ...] = ()
+    """Types no change of the table keeps every value of: narrowed, or another type."""
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.dropped or self.widened or self.changed)
+
+    def says(self) -> str:
+        parts = [f"{c!r} added" for c in self.added] + [f"{c!r} dropped" for c in self.dropped]
+        parts += [f"{c!r} widened from {a} to {b}" for c, a, b in self.widened]
+        parts += [f"{c!r} changed from {a} to {b}" for c, a, b in self.changed]
+        return ", ".join(parts)
+
+
+def schema_change(desired: StructType, schema_json: str) -> SchemaChange:
+    """How ``desired`` (the columns the view stores) differs from the target's schema, up to
+    nullability and column order: empty when it fits."""
+    want = {f["name"]: f["type"] for f in _relaxed(json.loads(schema_json))["fields"]}
+    have = {f["name"]: f["type"] for f in _relaxed(json.loads(desired.json()))["fields"]}
+    widened: list[tuple[str, str, str]] = []
+    changed: list[tuple[str, str, str]] = []
+    for name in sorted(want.keys() & have.keys()):
+        if want[name] != have[name]:
+            kind = widened if _widens(want[name], have[name]) else changed
+            kind.append((name, _show(want[name]), _show(have[name])))
+    return SchemaChange(
+        added=tuple(n for n in desired.names if n not in want),
+        dropped=tuple(sorted(want.keys() - have.keys())),
+        widened=tuple(widened),
+        changed=tuple(changed),
+    )
+
+
+def evolved_schema_json(schema_json: str, desired: StructType) -> str:
+    """The table's schema with desired's columns: each column the table keeps as the table has
+    it (its comment, generation expression and other field metadata, its place), with
+    desired's type where that widened; desired's added columns after them, nullable, as a new
+    target gets them; dropped columns gone."""
+    table = json.loads(schema_json)
+    have = {f["name"]: f for f in _relaxed(json.loads(desired.json()))["fields"]}
+    kept = [{**f, "type": have[f["name"]]["type"]} for f in table["fields"] if f["name"] in have]
+    names = {f["name"] for f in kept}
+    added = [f for name, f in have.items() if name not in names]
+    return json.dumps({**table, "fields": kept + added})
+
+
+def schema_digest(schema: StructType | str) -> str:
+    """A schema as mvsink records it (``record.Keys.retired_schema``): its columns' names and
+    types up to nullability and column order."""
+    node = json.loads(schema if isinstance(schema, str) else schema.json())
+    fields = sorted((f["name"], f["type"]) for f in _relaxed(node)["fields"])
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_evolution(
+    change: SchemaChange,
+    *,
+    mode: str,
+    desired: StructType,
+    roles: Sequence[tuple[str, str]],
+    mapped: bool,
+    features: frozenset[str],
+    where: Where,
+) -> None:
+    """Raise ``SchemaMismatchError`` naming every part of ``change`` that
+    ``schema_changes = "evolve"`` does not make: a changed or narrowed type; a change to a
+    column with a role (``roles``: (column, role) pairs: key, sequence, partition column),
+    for which a new target is the honest answer; on a table with column mapping, any change
+    (not built yet); a column that needs a table feature the table's protocol (``features``)
+    lacks; in upsert and append mode, anything but added nullable columns."""
+    problems = [
+        f"{c!r} is {a} in the target and {b} in desired, which is not a widening"
+        for c, a, b in change.changed
+    ]
+    touched = {*change.added, *change.dropped, *(c for c, _, _ in (*change.widened, *change.changed))}
+    problems += [f"{c!r} is the view's {role} column" for c, role in roles if c in touched]
+    if mapped:
+        problems.append("the table has column mapping, whose schema changes mvsink does not make yet")
+    ntz = [c for c in touched if c in desired.names and "timestamp_ntz" in desired[c].dataType.json()]
+    if ntz and "timestampNtz" not in features:
+        # A table holding timestamp_ntz needs the feature in its protocol, or no reader opens it.
+        problems.append(
+            f"{', '.join(map(repr, sorted(ntz)))} would be timestamp_ntz, which needs the table "
+            "feature timestampNtz that the table lacks: add it first (ALTER TABLE ... SET "
+            "TBLPROPERTIES ('delta.feature.timestampNtz' = 'supported'))"
+        )
+    if mode != "complete":
+        if change.dropped or change.widened:
+            problems.append(
+                f"in {mode} mode a view's table only takes added columns "
+                f"({change.says()}); a dropped or widened column needs its rows rewritten, "
+                "which only complete mode does"
+            )
+        strict = [c for c in change.added if not desired[c].nullable]
+        if strict:
+            problems.append(
+                f"{', '.join(map(repr, strict))} is added non-nullable: in {mode} mode the rows "
+                "the epoch does not touch keep null in an added column; make it nullable in the query"
+            )
+    if problems:
+        raise SchemaMismatchError(
+            f"schema_changes is 'evolve', but this change ({change.says()}) is refused: "
+            + "; ".join(problems)
+            + ". Nothing was written: cast desired, or write the view to a new target.",
+            where,
+            columns=tuple(sorted(touched)),
         )
 
 

@@ -40,7 +40,7 @@ from mvsink.errors import InputError, InvariantViolation, MVSinkError, StorageEr
 from mvsink.table.delta import DataFile, NewFile
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
 from mvsink.table.index import FileEntry, StoredIndex
-from mvsink.table.schema import arrow_schema
+from mvsink.table.schema import arrow_schema, schema_change
 from mvsink.table.storage import Store, Written
 
 RULE = "__mvsink_rule"
@@ -88,6 +88,20 @@ class Layout:
     schema_json: str
     struct: StructType
     partition_by: tuple[str, ...]
+    replaces: str | None = None
+    """The table's schema JSON when the epoch's commit changes it to ``schema_json``
+    (``schema_changes = "evolve"``); None: the commit keeps the table's schema."""
+
+    @property
+    def rewrites_every_file(self) -> bool:
+        """Whether the schema change needs every file of the table rewritten in its commit: a
+        widened column (files of the old type are unreadable as the new one without Delta's
+        type widening) or a dropped one (its values would come back were it added again).
+        Added columns read as null from older files."""
+        if self.replaces is None:
+            return False
+        change = schema_change(self.struct, self.replaces)
+        return bool(change.dropped or change.widened)
 
     @functools.cached_property
     def arrow(self) -> pa.Schema:

@@ -424,3 +424,22 @@ def test_on_a_standalone_cluster_the_tasks_run_in_executors_apart_from_the_drive
     assert verify(batch, local_target, "apart").equal
     # The tasks ran: the driver's block manager and an executor's, in another process.
     assert sc._jsc.sc().getExecutorMemoryStatus().size() >= 2
+
+
+def test_a_column_added_to_the_view_is_planned_by_tasks_reading_older_files_with_it_null(
+    spark, local_target, engine
+):
+    """A schema change through the distributed placement: the index of the new layout is
+    built by tasks reading the table's files (the added column null in them), and only the
+    rows that differ move where the engine keeps files across the change (the JVM Delta);
+    delta-rs replaces every file (``delta.keeps_files_across_schema_change``)."""
+    sink = MVSink(local_target, "v", placement="distributed", schema_changes="evolve", max_rows_per_file=4)
+    sink(spark.createDataFrame([(i, f"n{i}") for i in range(10)], "id long, name string"), 0)
+    rows = [(i, f"n{i}", "gold" if i == 3 else None) for i in range(10)]
+    changed = spark.createDataFrame(rows, "id long, name string, tier string")
+    report = sink(changed, 1)
+    assert_equal_to(local_target, changed)
+    if engine == "delta-spark":
+        assert (report.inserted, report.retracted, report.whole) == (1, 1, False)
+    else:
+        assert report.whole and report.retracted == 10

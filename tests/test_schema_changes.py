@@ -1,0 +1,280 @@
+"""A view whose query changes (``schema_changes``): columns added, dropped and widened in place,
+each change exact in the version that makes it, every version readable, and what no change of
+the table can make refused with nothing written."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from mvsink import MVSink, SchemaMismatchError
+from mvsink.compat import to_arrow
+from tests.helpers import (
+    added,
+    assert_equal_to,
+    commit_info,
+    live_files,
+    multiset,
+    removed,
+    spark_read_listed,
+    store,
+    target_table,
+    versions,
+)
+
+# Runs on both engines (tests/conftest.py: each line runs the engine it has).
+pytestmark = pytest.mark.usefixtures("engine")
+
+OLD = "id long, name string, x double"
+NEW = "id long, name string, x double, tier string"
+
+
+def old_query(spark: SparkSession, ids: range) -> DataFrame:
+    return spark.createDataFrame([(i, f"n{i}", i / 2) for i in ids], OLD)
+
+
+def new_query(spark: SparkSession, ids: range, tier: str | None = "gold") -> DataFrame:
+    """The query with a column added: ``tier`` is ``tier`` for even ids, else null."""
+    return spark.createDataFrame([(i, f"n{i}", i / 2, tier if i % 2 == 0 else None) for i in ids], NEW)
+
+
+def columns(target: str, version: int | None = None) -> dict[str, str]:
+    return {f.name: str(f.type) for f in target_table(target, version).schema}
+
+
+def test_a_column_added_to_a_complete_view_is_in_the_table_in_one_exact_version(spark, target, placement):
+    sink = MVSink(target, "v", placement=placement, schema_changes="evolve", max_rows_per_file=4)
+    sink(old_query(spark, range(0, 10)), 0)
+    report = sink(new_query(spark, range(0, 12)), 1)
+    assert report.outcome == "committed" and versions(target) == [0, 1]
+    assert list(columns(target)) == ["id", "name", "x", "tier"]
+    assert_equal_to(target, new_query(spark, range(0, 12)))
+    assert_equal_to(target, old_query(spark, range(0, 10)), version=0)  # the old version reads as it was
+    assert "tier" not in columns(target, 0)
+    assert multiset(to_arrow(spark_read_listed(spark, target))) == multiset(target_table(target))
+    # The next epochs of the new query are epochs like any other.
+    assert sink(new_query(spark, range(0, 12)), 2).outcome == "unchanged"
+    sink(new_query(spark, range(3, 14), tier="silver"), 3)
+    assert_equal_to(target, new_query(spark, range(3, 14), tier="silver"))
+
+
+def test_an_added_column_that_is_null_everywhere_keeps_every_file_where_the_engine_can(spark, engine, target):
+    """The JVM Delta commits the new schema beside the files it keeps: a column null in every
+    row changes no row, and the version adds and removes no file. delta-rs commits a schema
+    only by replacing every file (``delta.keeps_files_across_schema_change``)."""
+    sink = MVSink(target, "v", schema_changes="evolve", max_rows_per_file=4)
+    sink(old_query(spark, range(0, 10)), 0)
+    before = sorted(live_files(target))
+    report = sink(new_query(spark, range(0, 10), tier=None), 1)
+    assert report.version == 1 and "tier" in columns(target)
+    assert_equal_to(target, new_query(spark, range(0, 10), tier=None))
+    if engine == "delta-spark":
+        assert (added(target, 1), removed(target, 1)) == ([], []) and report.inserted == 0
+    else:
+        assert sorted(removed(target, 1)) == before and report.whole
+
+
+def test_a_dropped_column_leaves_the_table_and_every_file(spark, target):
+    """A column dropped from a complete view leaves the schema and, its values with it, every
+    data file: a column added later under that name starts empty, and what was dropped is no
+    longer stored anywhere the table references."""
+    sink = MVSink(target, "v", schema_changes="evolve", max_rows_per_file=4)
+    sink(new_query(spark, range(0, 10)), 0)
+    dropped = spark.createDataFrame([(i, f"n{i}", i / 2) for i in range(0, 10)], OLD)
+    report = sink(dropped, 1)
+    assert report.version == 1 and list(columns(target)) == ["id", "name", "x"]
+    assert_equal_to(target, dropped)
+    assert_equal_to(target, new_query(spark, range(0, 10)), version=0)
+    for path in live_files(target):
+        with store(target).fs.open_input_file(path) as fh:
+            assert "tier" not in pq.read_schema(fh).names, path
+    assert commit_info(target, 1)["mvsink.retracted"] == "10"
+
+
+def test_widened_types_hold_every_old_value_exactly(spark, target):
+    """int to long, float to double, decimal(10,2) to decimal(12,2), date to timestamp_ntz
+    (on a table that has the timestampNtz feature: its ``seen`` column made it so)."""
+    sink = MVSink(target, "v", schema_changes="evolve")
+    narrow = "id int, f float, d decimal(10,2), day date, seen timestamp_ntz"
+    wide = "id long, f double, d decimal(12,2), day timestamp_ntz, seen timestamp_ntz"
+    day, seen = dt.date(2026, 11, 27), dt.datetime(2026, 1, 1, 12)
+    rows = [(1, 0.5, Decimal("12345678.91"), day, seen), (2, None, Decimal("-0.01"), None, None)]
+    sink(spark.createDataFrame(rows, narrow), 0)
+    moved = [(i, f, d, None if t is None else dt.datetime.combine(t, dt.time()), s) for i, f, d, t, s in rows]
+    widened = spark.createDataFrame([*moved, (2**40, 1e300, Decimal("9999999999.99"), None, None)], wide)
+    sink(widened, 1)
+    assert columns(target) == {
+        "id": "int64",
+        "f": "double",
+        "d": "decimal128(12, 2)",
+        "day": "timestamp[us]",
+        "seen": "timestamp[us]",
+    }
+    assert_equal_to(target, widened)
+    assert multiset(to_arrow(spark_read_listed(spark, target))) == multiset(target_table(target))
+
+
+@pytest.mark.parametrize(
+    ("mode", "before", "after", "why"),
+    [
+        ("complete", "id long, v long", "id long, v int", "'v' is long in the target and integer in desired"),
+        ("complete", "id long, v string", "id long, v long", "not a widening"),
+        ("complete", "id long, v decimal(12,2)", "id long, v decimal(12,3)", "not a widening"),
+        ("upsert", "id int, v long", "id long, v long", "'id' is the view's key column"),
+        ("upsert", "id long, v long", "id long, v long, w long not null", "'w' is added non-nullable"),
+        ("upsert", "id long, v long, w long", "id long, v long", "only takes added columns"),
+        ("append", "id long, v int", "id long, v long", "only takes added columns"),
+        ("complete", "id long, v date", "id long, v timestamp_ntz", "needs the table feature timestampNtz"),
+    ],
+    ids=[
+        "narrowed",
+        "string-to-long",
+        "decimal-scale",
+        "key",
+        "non-nullable",
+        "upsert-drop",
+        "append-widen",
+        "ntz-feature",
+    ],
+)
+def test_what_no_change_of_the_table_makes_is_refused_with_nothing_written(
+    spark, target, mode, before, after, why
+):
+    options = {"key": ["id"]} if mode == "upsert" else {}
+    sink = MVSink(target, "v", mode=mode, schema_changes="evolve", **options)
+    sink(_row(spark, before), 0)
+    files = sorted(store(target).files(""))
+    with pytest.raises(SchemaMismatchError, match=why) as info:
+        sink(_row(spark, after), 1)
+    print(info.value)
+    assert "Nothing was written" in str(info.value) and "epoch 1" in str(info.value)
+    assert versions(target) == [0] and sorted(store(target).files("")) == files
+
+
+def _row(spark: SparkSession, schema: str) -> DataFrame:
+    """One row of ``schema`` (``_one`` of each column's type)."""
+    frame = spark.createDataFrame([], schema)
+    values = [_one(t) for _, t in frame.dtypes]
+    return spark.createDataFrame([tuple(values)], frame.schema)
+
+
+def _one(spark_type: str) -> object:
+    if spark_type == "string":
+        return "a"
+    if spark_type.startswith("decimal"):
+        return Decimal(1)
+    if spark_type == "date":
+        return dt.date(2026, 1, 1)
+    if spark_type == "timestamp_ntz":
+        return dt.datetime(2026, 1, 1)
+    return 1
+
+
+def test_a_partition_column_change_is_refused(spark, target):
+    sink = MVSink(target, "v", partition_by=["p"], schema_changes="evolve")
+    sink(spark.createDataFrame([(1, "a")], "id long, p string"), 0)
+    with pytest.raises(SchemaMismatchError, match="'p' is the view's partition column"):
+        sink(spark.createDataFrame([(1, 2)], "id long, p long"), 1)
+    assert versions(target) == [0]
+
+
+def test_by_default_a_changed_query_is_refused_naming_the_option(spark, target):
+    sink = MVSink(target, "v")
+    sink(old_query(spark, range(0, 3)), 0)
+    with pytest.raises(SchemaMismatchError, match="schema_changes is 'refuse'") as info:
+        sink(new_query(spark, range(0, 3)), 1)
+    assert info.value.columns == ("tier",)
+    assert versions(target) == [0]
+
+
+def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changing_it_back(spark, target):
+    """Two replicas of one view, both with ``schema_changes = "evolve"``: the redeployed one
+    changes the schema inside the old one's commit window. The old one loses the race, plans
+    again on the new schema, and is refused (it would have changed the table back and written
+    old-shaped rows); its later epochs are refused too. The view stays the new query's."""
+    old = MVSink(target, "v", schema_changes="evolve", lineage="q")
+    new = MVSink(target, "v", schema_changes="evolve", lineage="q")
+    old(old_query(spark, range(0, 6)), 0)
+
+    def redeployed_commits_first(snap: object) -> None:
+        old.state.before_commit = None
+        new(new_query(spark, range(0, 6)), 1)
+
+    old.state.before_commit = redeployed_commits_first
+    with pytest.raises(SchemaMismatchError, match="runs the query the view's query replaced") as info:
+        old(old_query(spark, range(0, 7)), 1)
+    print(info.value)
+    assert versions(target) == [0, 1] and "tier" in columns(target)
+    with pytest.raises(SchemaMismatchError, match="until version 1"):
+        old(old_query(spark, range(0, 7)), 2)
+    assert versions(target) == [0, 1]
+    assert_equal_to(target, new_query(spark, range(0, 6)))
+    new(new_query(spark, range(0, 8)), 2)
+    assert_equal_to(target, new_query(spark, range(0, 8)))
+
+
+def test_upsert_and_append_views_take_an_added_column_and_untouched_rows_keep_null(spark, engine, target):
+    """MERGE's schema evolution: rows the epoch does not touch hold null in the added column.
+    The JVM Delta commits the column with the epoch's rows; delta-rs in a version just before
+    it, which holds the rows as they were (``delta.add_columns``)."""
+    up = MVSink(target, "v", mode="upsert", key=["id"], schema_changes="evolve")
+    up(spark.createDataFrame([(i, f"n{i}") for i in range(1, 6)], "id long, name string"), 0)
+    report = up(
+        spark.createDataFrame([(2, "N2", "vip"), (6, "n6", None)], "id long, name string, note string"), 1
+    )
+    want = [
+        (1, "n1", None),
+        (2, "N2", "vip"),
+        (3, "n3", None),
+        (4, "n4", None),
+        (5, "n5", None),
+        (6, "n6", None),
+    ]
+    assert multiset(target_table(target)) == multiset(
+        pa.Table.from_pylist([dict(zip(["id", "name", "note"], r, strict=True)) for r in want])
+    )
+    schema_only = [0, 1] if engine == "delta-spark" else [0, 1, 2]
+    assert versions(target) == schema_only and report.version == schema_only[-1]
+    if engine != "delta-spark":
+        assert commit_info(target, 1)["mvsink.operation"] == "schema" and added(target, 1) == []
+        assert multiset(target_table(target, 1).select(["id", "note"])) == multiset(
+            pa.table({"id": [1, 2, 3, 4, 5], "note": pa.nulls(5, pa.string())})
+        )
+
+    log = target + "-log"
+    app = MVSink(log, "log", mode="append", schema_changes="evolve")
+    app(spark.createDataFrame([(1, "a")], "id long, name string"), 0)
+    app(spark.createDataFrame([(2, "b", 2.5)], "id long, name string, amount double"), 1)
+    assert multiset(target_table(log)) == multiset(
+        pa.table({"id": [1, 2], "name": ["a", "b"], "amount": [None, 2.5]})
+    )
+
+
+def test_a_column_added_under_connect(connect, target, placement):
+    sink = MVSink(target, "v", placement=placement, schema_changes="evolve")
+    sink(old_query(connect, range(0, 5)), 0)
+    sink(new_query(connect, range(0, 6)), 1)
+    assert_equal_to(target, new_query(connect, range(0, 6)))
+    assert versions(target) == [0, 1]
+
+
+def test_the_columns_a_change_keeps_keep_their_comments_and_place(spark, target):
+    """A schema change takes the table's own description of the columns it keeps (a comment,
+    a generation expression: field metadata) and their order; added columns come after them."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from mvsink.table.uris import table_root
+
+    fields = [pa.field("name", pa.string(), metadata={"comment": "who"}), pa.field("id", pa.int64())]
+    write_deltalake(table_root(target), pa.table({"name": ["a"], "id": [1]}, schema=pa.schema(fields)))
+    sink = MVSink(target, "v", schema_changes="evolve")
+    sink(spark.createDataFrame([(1, "a", "x")], "id long, name string, tier string"), 0)
+    schema = DeltaTable(table_root(target)).schema()
+    assert [f.name for f in schema.fields] == ["name", "id", "tier"]
+    assert schema.fields[0].metadata == {"comment": "who"}
+    assert_equal_to(target, spark.createDataFrame([(1, "a", "x")], "id long, name string, tier string"))
