@@ -135,9 +135,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Likewise the two-process race runs on S3, and on the ``delta-spark`` engine, in complete
     mode only. Then each line keeps its own engine (``_line_runs``)."""
     keep, drop = [], []
+    soak = bool(os.environ.get("MVSINK_SOAK"))
     for item in items:
         params = getattr(item, "callspec", None)
         chosen = params.params if params else {}
+        if not soak and item.get_closest_marker("soak") is not None:
+            drop.append(item)  # make soak's (pyproject.toml)
+            continue
         if not _line_runs(item, chosen):
             drop.append(item)
             continue

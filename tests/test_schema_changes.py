@@ -81,8 +81,7 @@ def test_an_added_column_that_is_null_everywhere_keeps_every_file_where_the_engi
 
 def test_a_dropped_column_leaves_the_table_and_every_file(spark, target):
     """A column dropped from a complete view leaves the schema and, its values with it, every
-    data file: a column added later under that name starts empty, and what was dropped is no
-    longer stored anywhere the table references."""
+    data file: what was dropped is no longer stored anywhere the table's version references."""
     sink = MVSink(target, "v", schema_changes="evolve", max_rows_per_file=4)
     sink(new_query(spark, range(0, 10)), 0)
     dropped = spark.createDataFrame([(i, f"n{i}", i / 2) for i in range(0, 10)], OLD)
@@ -96,9 +95,11 @@ def test_a_dropped_column_leaves_the_table_and_every_file(spark, target):
     assert commit_info(target, 1)["mvsink.retracted"] == "10"
 
 
-def test_widened_types_hold_every_old_value_exactly(spark, target):
+def test_widened_types_hold_desireds_values_in_the_new_types(spark, target):
     """int to long, float to double, decimal(10,2) to decimal(12,2), date to timestamp_ntz
-    (on a table that has the timestampNtz feature: its ``seen`` column made it so)."""
+    (on a table that has the timestampNtz feature: its ``seen`` column made it so): the epoch
+    rewrites every file from desired, values past the old types' ranges included, and Spark
+    reads them."""
     sink = MVSink(target, "v", schema_changes="evolve")
     narrow = "id int, f float, d decimal(10,2), day date, seen timestamp_ntz"
     wide = "id long, f double, d decimal(12,2), day timestamp_ntz, seen timestamp_ntz"
@@ -196,7 +197,8 @@ def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changin
     """Two replicas of one view, both with ``schema_changes = "evolve"``: the redeployed one
     changes the schema inside the old one's commit window. The old one loses the race, plans
     again on the new schema, and is refused (it would have changed the table back and written
-    old-shaped rows); its later epochs are refused too. The view stays the new query's."""
+    old-shaped rows), as is each of its later epochs; an epoch of it that only replays what is
+    committed writes nothing and is not refused. The view stays the new query's."""
     old = MVSink(target, "v", schema_changes="evolve", lineage="q")
     new = MVSink(target, "v", schema_changes="evolve", lineage="q")
     old(old_query(spark, range(0, 6)), 0)
@@ -207,15 +209,43 @@ def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changin
 
     old.state.before_commit = redeployed_commits_first
     with pytest.raises(SchemaMismatchError, match="runs the query the view's query replaced") as info:
-        old(old_query(spark, range(0, 7)), 1)
-    print(info.value)
-    assert versions(target) == [0, 1] and "tier" in columns(target)
-    with pytest.raises(SchemaMismatchError, match="until version 1"):
         old(old_query(spark, range(0, 7)), 2)
+    print(info.value)
+    assert "until version 1" in str(info.value) and "epoch 2" in str(info.value)
+    assert versions(target) == [0, 1] and "tier" in columns(target)
+    assert old(old_query(spark, range(0, 7)), 1).outcome == "replay"  # behind: skips, no error
+    with pytest.raises(SchemaMismatchError, match="until version 1"):
+        old(old_query(spark, range(0, 7)), 3)
     assert versions(target) == [0, 1]
     assert_equal_to(target, new_query(spark, range(0, 6)))
     new(new_query(spark, range(0, 8)), 2)
     assert_equal_to(target, new_query(spark, range(0, 8)))
+
+
+def test_an_epoch_that_fails_before_its_commit_leaves_the_schema_as_it_was(spark, target):
+    """The columns go into the table only with an epoch that commits: a batch refused as bad
+    input (one key twice) changes nothing, the schema included, on either engine."""
+    from mvsink import DuplicateKeyError
+
+    up = MVSink(target, "v", mode="upsert", key=["id"], schema_changes="evolve")
+    up(spark.createDataFrame([(1, "a")], "id long, name string"), 0)
+    twice = spark.createDataFrame([(2, "b", "x"), (2, "c", "y")], "id long, name string, note string")
+    with pytest.raises(DuplicateKeyError):
+        up(twice, 1)
+    assert versions(target) == [0] and "note" not in columns(target)
+
+
+def test_a_dropped_column_that_a_constraint_names_is_refused(spark, target):
+    from deltalake import DeltaTable
+
+    from mvsink.table.uris import table_root
+
+    sink = MVSink(target, "v", schema_changes="evolve")
+    sink(spark.createDataFrame([(1, 2)], "id long, v long"), 0)
+    DeltaTable(table_root(target)).alter.add_constraint({"positive": "v > 0"})
+    with pytest.raises(SchemaMismatchError, match=r"constraint delta\.constraints\.positive names it"):
+        sink(spark.createDataFrame([(1,)], "id long"), 1)
+    assert versions(target) == [0, 1]  # the constraint's version; nothing of the sink's
 
 
 def test_upsert_and_append_views_take_an_added_column_and_untouched_rows_keep_null(spark, engine, target):
@@ -264,17 +294,25 @@ def test_a_column_added_under_connect(connect, target, placement):
 
 
 def test_the_columns_a_change_keeps_keep_their_comments_and_place(spark, target):
-    """A schema change takes the table's own description of the columns it keeps (a comment,
-    a generation expression: field metadata) and their order; added columns come after them."""
+    """A schema change keeps the table's own description of the columns it keeps (field
+    metadata such as comments, nested ones too) and their order; added columns come after."""
     from deltalake import DeltaTable, write_deltalake
 
     from mvsink.table.uris import table_root
 
-    fields = [pa.field("name", pa.string(), metadata={"comment": "who"}), pa.field("id", pa.int64())]
-    write_deltalake(table_root(target), pa.table({"name": ["a"], "id": [1]}, schema=pa.schema(fields)))
+    inner = pa.struct([pa.field("a", pa.int64(), metadata={"comment": "inside"})])
+    fields = [
+        pa.field("name", pa.string(), metadata={"comment": "who"}),
+        pa.field("id", pa.int64()),
+        pa.field("s", inner),
+    ]
+    first = pa.table({"name": ["a"], "id": [1], "s": [{"a": 1}]}, schema=pa.schema(fields))
+    write_deltalake(table_root(target), first)
     sink = MVSink(target, "v", schema_changes="evolve")
-    sink(spark.createDataFrame([(1, "a", "x")], "id long, name string, tier string"), 0)
-    schema = DeltaTable(table_root(target)).schema()
-    assert [f.name for f in schema.fields] == ["name", "id", "tier"]
-    assert schema.fields[0].metadata == {"comment": "who"}
-    assert_equal_to(target, spark.createDataFrame([(1, "a", "x")], "id long, name string, tier string"))
+    schema = "id long, name string, s struct<a: long>, tier string"
+    sink(spark.createDataFrame([(1, "a", (1,), "x")], schema), 0)
+    held = DeltaTable(table_root(target)).schema()
+    assert [f.name for f in held.fields] == ["name", "id", "s", "tier"]
+    assert held.fields[0].metadata == {"comment": "who"}
+    assert held.fields[2].type.fields[0].metadata == {"comment": "inside"}
+    assert_equal_to(target, spark.createDataFrame([(1, "a", (1,), "x")], schema))

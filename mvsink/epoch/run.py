@@ -72,6 +72,7 @@ from mvsink.table.schema import (
     check_roles,
     check_supported,
     evolved_schema_json,
+    named_by_the_table,
     schema_change,
     schema_digest,
     stored_struct,
@@ -280,10 +281,7 @@ class Epoch:
         decision = self.decide(snap)
         if isinstance(decision, Skip):
             return self.skip(decision, snap, layout, attempt)
-        if layout.replaces is not None and not (
-            self.opts.mode == "complete" or keeps_files_across_schema_change(snap)
-        ):
-            return self.add_columns(snap, layout)
+        self._check_not_retired(snap, layout)
         plan = self.mode.plan(snap, layout)
         staged = self.stage(plan, snap, layout)
         if not (staged.adds or staged.removes or decision.always or layout.replaces):
@@ -347,7 +345,6 @@ class Epoch:
             return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
         if self.opts.schema_changes == "refuse":
             check_fits(self.stored, snap.schema_json, self.where)
-        self._check_not_retired(snap)
         opts = self.opts
         roles = [(c, "key") for c in opts.key] + [(c, "partition") for c in snap.partition_by]
         roles += [(opts.sequence_column, "sequence")] if opts.sequence_column else []
@@ -358,14 +355,19 @@ class Epoch:
             roles=roles,
             mapped=bool(physical_names(snap.schema_json)),
             features=snap.features,
+            named=named_by_the_table(snap.schema_json, snap.configuration),
             where=self.where,
         )
         schema_json = evolved_schema_json(snap.schema_json, self.stored)
         return Layout(schema_json, target_struct(schema_json), snap.partition_by, replaces=snap.schema_json)
 
-    def _check_not_retired(self, snap: Snapshot) -> None:
-        """Desired's schema is not one the view's table changed away from: a replica still on
-        the query the view's query replaced would change it back (``schema.py``)."""
+    def _check_not_retired(self, snap: Snapshot, layout: Layout) -> None:
+        """A sink about to change the table's schema does not change it to one the table left:
+        a replica still on the query the view's query replaced would change it back
+        (``schema.py``). Checked once it is known to commit: such a replica that only skips
+        (a standby, a replay, a read-only sink) writes nothing, and is left alone."""
+        if layout.replaces is None:
+            return
         left = snap.transaction(Keys(self.opts.app_id).retired_schema(schema_digest(self.stored)))
         if left is not None:
             raise SchemaMismatchError(
@@ -444,6 +446,16 @@ class Epoch:
         except BaseException:
             self.discard(staged, plan)  # not committed: nothing can reference them (I4)
             raise
+        schema_json = layout.schema_json
+        if layout.replaces is not None and not (
+            opts.mode == "complete" or keeps_files_across_schema_change(snap)
+        ):
+            # delta-rs in upsert and append mode: the added columns first, in a version of
+            # their own; the epoch's commit is made on it.
+            first = self._add_columns(snap, layout, staged, plan)
+            if isinstance(first, Lost):
+                return first
+            snap, schema_json = first, first.schema_json or schema_json
         with ctx.phase("commit"):
             outcome = append(
                 snap,
@@ -456,7 +468,7 @@ class Epoch:
                 upper=desc.upper,
                 attempt_id=attempt_id,
                 metadata=self._record(desc, staged, decision.lineage, attempt).metadata(),
-                schema_json=layout.schema_json,
+                schema_json=schema_json,
                 partition_by=layout.partition_by,
                 where=self.where,
                 transactions={
@@ -472,31 +484,33 @@ class Epoch:
             self.state.landed = LandedCommit(snap.table_id, outcome.version, attempt_id, self.epoch)
         return outcome
 
-    def add_columns(self, snap: Snapshot, layout: Layout) -> Lost | None:
-        """Upsert and append mode through delta-rs: desired's added columns go into the table
-        in a commit of their own (``delta.add_columns``), then the attempt starts over (None)
-        against the table with them; a lost race is a lost attempt."""
+    def _add_columns(self, snap: Snapshot, layout: Layout, staged: Staged, plan: Plan) -> Snapshot | Lost:
+        """Commit desired's added columns alone (``delta.add_columns``), just before the epoch's
+        commit: the snapshot of that version, or the lost race (the staged files, which
+        nothing references yet, are discarded then, and on any error)."""
         assert layout.replaces is not None
         change = schema_change(layout.struct, layout.replaces).says()
-        with self.ctx.phase("commit"):
-            outcome = add_columns(
-                snap,
-                self.ctx.store,
-                schema_json=layout.schema_json,
-                attempt_id=uuid.uuid4().hex,
-                metadata=schema_metadata(self.opts.name, self.epoch, change),
-                transactions=self._retiring(snap, layout),
-                where=self.where,
-            )
-        if isinstance(outcome, Lost):
-            return outcome
-        log.info(
-            "%s: the view's table took desired's columns (%s) as version %d",
-            self.where,
-            change,
-            outcome.version,
-        )
-        return None
+        attempt_id = uuid.uuid4().hex
+        try:
+            with self.ctx.phase("commit"):
+                first = add_columns(
+                    snap,
+                    self.ctx.store,
+                    schema_json=layout.schema_json,
+                    attempt_id=attempt_id,
+                    metadata=schema_metadata(self.opts.name, self.epoch, change),
+                    where=self.where,
+                )
+        except BaseException:
+            self.discard(staged, plan)
+            raise
+        if isinstance(first, Lost):
+            self.discard(staged, plan)
+            return first
+        assert first.version is not None
+        self.state.landed = LandedCommit(snap.table_id, first.version, attempt_id, self.epoch)
+        log.info("%s: the table took desired's columns (%s) as version %d", self.where, change, first.version)
+        return first
 
     def report(
         self,

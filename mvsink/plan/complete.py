@@ -99,7 +99,10 @@ class Complete:
             layout.rewrites_every_file or not keeps_files_across_schema_change(snap)
         ):
             return self._reshape(snap, layout, rules)
-        self.index.sweep_once(self.stored, snap, ctx.where)
+        if layout.replaces is None:
+            # Not before a schema change lands: the index of the table's current layout, which
+            # its other writers read, is not this epoch's to sweep.
+            self.index.sweep_once(self.stored, snap, ctx.where)
         if ctx.placement(snap) == "distributed" or not self._collect(layout, rules):
             return self._plan_distributed(snap, layout, rules)
         assert self.fps is not None
@@ -165,8 +168,8 @@ class Complete:
         """The epoch that changes the table's schema, where the commit must replace every file
         (``Layout.rewrites_every_file``, ``keeps_files_across_schema_change``): desired
         written whole by Spark tasks, never collected, as an initial load is, and every file
-        of the snapshot retracted whole (not read, but to count a file the log gives no row
-        count of). Otherwise a schema change is an epoch like any other: the index of the new
+        of the snapshot retracted whole (not read: a file the log gives no row count of is
+        counted from its footer). Otherwise a schema change is an epoch like any other: the index of the new
         layout reads the table's files in it (an added column null in older files) and the
         correction writes what differs."""
         ctx = self.ctx
@@ -181,11 +184,8 @@ class Complete:
         ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
         rewrites = []
         for f in snap.files:
-            if f.num_records is None:
-                rows = ctx.store.read(f, layout.arrow, snap.partition_by)
-                rewrites.append(Rewrite(f, rows, np.arange(rows.num_rows, dtype=np.int64)))
-            else:
-                rewrites.append(Rewrite(f, None, np.arange(f.num_records, dtype=np.int64)))
+            n = ctx.store.rows(f) if f.num_records is None else f.num_records
+            rewrites.append(Rewrite(f, None, np.arange(n, dtype=np.int64), counted=n))
         return Plan(checked(desired, rules), None, tuple(rewrites), index=self.stored)
 
     def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -607,37 +607,40 @@ def add_columns(
     schema_json: str,
     attempt_id: str,
     metadata: Mapping[str, str],
-    transactions: Mapping[str, int],
     where: Where,
-) -> Landed | Lost:
+) -> Snapshot | Lost:
     """Add the columns of ``schema_json`` that the table lacks, in a commit of that alone,
     strictly on ``snap`` (as ``compare_and_append``: one attempt, the outcome read from the
-    log when the call fails), through delta-rs. How a view in upsert or append mode takes
-    added columns on that engine, which cannot commit a schema change beside the epoch's
-    removes (``keeps_files_across_schema_change``): the version holds the table's rows as
-    they were, null in the added columns, which is what those modes leave in rows an epoch
-    does not touch."""
+    log when the call fails, the commit turn taken on local disk), through delta-rs; the
+    snapshot of the version it made. How a view in upsert or append mode takes added columns
+    on that engine, which cannot commit a schema change beside the epoch's removes
+    (``keeps_files_across_schema_change``): right before the epoch's commit, which is then
+    made on that snapshot. The version holds the table's rows as they were, null in the added
+    columns, which is what those modes leave in rows an epoch does not touch."""
     assert snap.version is not None and snap.schema_json is not None
     version = snap.version + 1
     have = {f["name"] for f in json.loads(snap.schema_json)["fields"]}
     fields = [
         Field.from_json(json.dumps(f)) for f in json.loads(schema_json)["fields"] if f["name"] not in have
     ]
-    now = int(time.time() * 1000)
-    props = CommitProperties(
-        custom_metadata={**metadata, record.ATTEMPT: attempt_id},
-        max_commit_retries=0,
-        app_transactions=[Transaction(k, v, now) for k, v in transactions.items()],
-    )
+    props = CommitProperties(custom_metadata={**metadata, record.ATTEMPT: attempt_id}, max_commit_retries=0)
+    turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if is_local(snap.root):
+        from mvsink.table.jvm_delta import commit_turn
+
+        turn = commit_turn(snap.root)
+    table: DeltaTable = snap._table
     try:
-        snap._table.alter.add_columns(fields, commit_properties=props, post_commithook_properties=_NO_HOOKS)
+        with turn:
+            table.alter.add_columns(fields, commit_properties=props, post_commithook_properties=_NO_HOOKS)
     except Exception as exc:
         try:
             _resolve(log_files, version, attempt_id, exc, where)
         except ConflictError as lost:
             return Lost(lost.message)
     _maintain_log(snap, version, where)
-    return Landed(version)
+    table.load_as_version(version)
+    return replace(snap, version=version, schema_json=table.schema().to_json())
 
 
 def append(snap: Snapshot, log_files: LogFiles, **commit: Any) -> Landed | Lost:
@@ -810,9 +813,30 @@ def compare_and_append(
             "files are kept; the next epoch repairs the view.",
             where,
         )
+    if new_schema and jvm_commit is None:
+        _check_replaced_every_file(snap, log_files, version, where)
     if jvm_commit is None:  # the JVM Delta checkpoints its own commits
         _maintain_log(snap, version, where)
     return version
+
+
+def _check_replaced_every_file(snap: Snapshot, log_files: LogFiles, version: int, where: Where) -> None:
+    """delta-rs's overwrite removes the snapshot's files itself (not the removes it is handed):
+    the version it made must remove every one of them, or its rows are there twice. Raises
+    ``InvariantViolation`` if not (a delta-rs whose overwrite does not: the next epoch of a
+    complete view retracts the rows it left)."""
+    from mvsink.table.log import log_actions
+
+    actions = log_actions(log_files, version) or []
+    gone = {unquote(a["remove"]["path"]) for a in actions if "remove" in a}
+    left = [f.key for f in snap.files if f.key not in gone]
+    if left:
+        raise InvariantViolation(
+            f"version {version}, which changed the table's schema through delta-rs's overwrite, "
+            f"left {len(left)} of the table's files in place (e.g. {left[0]}): this deltalake "
+            "does not replace every file in an overwrite; the next epoch retracts their rows",
+            where,
+        )
 
 
 def _prepare_jvm(

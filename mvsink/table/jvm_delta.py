@@ -153,12 +153,18 @@ class JvmDelta:
 
     def _missing_file_system(self, scheme: str) -> str:
         """What the session lacks to reach ``scheme`` paths at all, and what to add; ``""``
-        when nothing (only S3 is checked: Hadoop's S3A is a jar of its own, ``hadoop-aws``,
-        that a Spark session does not have unless it is added)."""
+        when nothing. Only S3 is checked: Hadoop's S3A is a jar of its own, ``hadoop-aws``,
+        that a Spark session does not have unless it is added; a session whose Hadoop
+        resolves another file system for the scheme (``fs.s3a.impl``: a platform's own) has
+        what it needs."""
         if scheme not in _S3_SCHEMES:
             return ""
-        if self._jvm.org.apache.spark.util.Utils.classIsLoadable(_S3A):
+        try:
+            conf = self._jspark.sessionState().newHadoopConf()
+            self._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, conf)
             return ""
+        except Exception:
+            pass
         hadoop = str(self._jvm.org.apache.hadoop.util.VersionInfo.getVersion())
         return (
             f"the session has no Hadoop S3A file system ({_S3A}), which Delta reads and writes "
@@ -335,6 +341,7 @@ class JvmDelta:
 _STORE_CONF = "spark.delta.logStore.{scheme}.impl"
 _S3_SCHEMES = ("s3", "s3a", "s3n")
 _S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+"""Hadoop's S3 file system, in ``hadoop-aws``."""
 _DELTA_STORES = ("io.delta.storage.", "org.apache.spark.sql.delta.storage.")
 """Packages of Delta's own log stores (the Java ones and their older Scala twins)."""
 _EXCLUSIVE = {

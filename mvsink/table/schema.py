@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,10 +245,35 @@ def evolved_schema_json(schema_json: str, desired: StructType) -> str:
     target gets them; dropped columns gone."""
     table = json.loads(schema_json)
     have = {f["name"]: f for f in _relaxed(json.loads(desired.json()))["fields"]}
-    kept = [{**f, "type": have[f["name"]]["type"]} for f in table["fields"] if f["name"] in have]
+    widened = {c for c, _, _ in schema_change(desired, schema_json).widened}
+    kept = [
+        {**f, "type": have[f["name"]]["type"]} if f["name"] in widened else f
+        for f in table["fields"]
+        if f["name"] in have
+    ]
     names = {f["name"] for f in kept}
     added = [f for name, f in have.items() if name not in names]
     return json.dumps({**table, "fields": kept + added})
+
+
+def named_by_the_table(schema_json: str, configuration: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """The columns the table's own rules and settings name, with what names them: a NOT NULL
+    column, a CHECK constraint (``delta.constraints.*``, by a word-boundary match of the
+    column's name in its expression: a conservative reading), the statistics columns
+    (``delta.dataSkippingStatsColumns``)."""
+    out: list[tuple[str, str]] = []
+    fields = json.loads(schema_json)["fields"]
+    out += [(f["name"], "NOT NULL constraint") for f in fields if not f.get("nullable", True)]
+    for key, value in configuration.items():
+        if key.startswith("delta.constraints.") and value:
+            words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", value.lower()))
+            out += [(f["name"], f"constraint {key}") for f in fields if f["name"].lower() in words]
+    stats = {
+        c.strip().strip("`").lower()
+        for c in (configuration.get("delta.dataSkippingStatsColumns") or "").split(",")
+    }
+    out += [(f["name"], "delta.dataSkippingStatsColumns") for f in fields if f["name"].lower() in stats]
+    return out
 
 
 def schema_digest(schema: StructType | str) -> str:
@@ -267,6 +292,7 @@ def check_evolution(
     roles: Sequence[tuple[str, str]],
     mapped: bool,
     features: frozenset[str],
+    named: Sequence[tuple[str, str]] = (),
     where: Where,
 ) -> None:
     """Raise ``SchemaMismatchError`` naming every part of ``change`` that
@@ -274,7 +300,8 @@ def check_evolution(
     column with a role (``roles``: (column, role) pairs: key, sequence, partition column),
     for which a new target is the honest answer; on a table with column mapping, any change
     (not built yet); a column that needs a table feature the table's protocol (``features``)
-    lacks; in upsert and append mode, anything but added nullable columns."""
+    lacks; a dropped column that the table's own rules or settings name (``named``: (column,
+    what names it)); in upsert and append mode, anything but added nullable columns."""
     problems = [
         f"{c!r} is {a} in the target and {b} in desired, which is not a widening"
         for c, a, b in change.changed
@@ -283,6 +310,9 @@ def check_evolution(
     problems += [f"{c!r} is the view's {role} column" for c, role in roles if c in touched]
     if mapped:
         problems.append("the table has column mapping, whose schema changes mvsink does not make yet")
+    for column, rule in named:
+        if column in change.dropped:
+            problems.append(f"{column!r} is dropped, and the table's {rule} names it: drop that first")
     ntz = [c for c in touched if c in desired.names and "timestamp_ntz" in desired[c].dataType.json()]
     if ntz and "timestampNtz" not in features:
         # A table holding timestamp_ntz needs the feature in its protocol, or no reader opens it.
@@ -302,7 +332,8 @@ def check_evolution(
         if strict:
             problems.append(
                 f"{', '.join(map(repr, strict))} is added non-nullable: in {mode} mode the rows "
-                "the epoch does not touch keep null in an added column; make it nullable in the query"
+                "the epoch does not touch keep null in an added column; make it nullable in the "
+                "query (e.g. F.when(F.lit(True), column))"
             )
     if problems:
         raise SchemaMismatchError(

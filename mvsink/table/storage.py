@@ -143,6 +143,13 @@ class Store:
                 columns[f.name] = pa.nulls(raw.num_rows, f.type)
         return pa.table(columns, schema=schema)
 
+    def rows(self, file: DataFile) -> int:
+        """The rows ``file`` holds in its version: its Parquet footer's count, less those its
+        deletion vector drops (for a file the log gives no count of; nothing but the footer is
+        read)."""
+        with self.fs.open_input_file(file.key) as fh:
+            return int(pq.ParquetFile(fh).metadata.num_rows) - file.deleted
+
     def alive(self, file: DataFile, physical: int) -> np.ndarray:
         """Which of the ``physical`` rows of ``file``'s Parquet file the version holds (a
         boolean mask): all but those its deletion vector drops."""

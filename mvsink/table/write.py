@@ -119,6 +119,8 @@ class Rewrite:
     """Positions (row indices) to drop, sorted."""
     fps: tuple[I64, I64] | None = None
     """The rows' fingerprints (complete mode), so the kept rows' need no hashing."""
+    counted: int | None = None
+    """The file's rows, counted where the log gives no count (``Store.rows``)."""
 
     @property
     def size(self) -> int | None:
@@ -127,7 +129,7 @@ class Rewrite:
             return int(self.rows.num_rows)
         if self.fps is not None:
             return len(self.fps[0])
-        return self.file.num_records
+        return self.file.num_records if self.counted is None else self.counted
 
 
 @dataclass(frozen=True)

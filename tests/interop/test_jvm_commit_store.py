@@ -325,6 +325,8 @@ def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_
     from mvsink import CommitReplacedError
     from tests.helpers import assert_equal_to
 
+    if engine == "delta-rs" and glob.glob(os.path.join(os.environ.get("MVSINK_S3A_JARS", ""), "*.jar")):
+        pytest.skip("on this line the S3 race (below) runs the delta-rs sink against the Spark job")
     target = str(tmp_path / "view")
     sink = MVSink(target, "v", engine=engine)
     sink(view(spark, range(0, 10)), 0)
