@@ -8,9 +8,11 @@ types up to nullability; column order may differ (rows are selected in the targe
 When it does not fit, ``schema_change`` says how: columns added, dropped, widened (a type
 every old value converts to exactly: ``WIDENINGS``), and what no change of the table can
 make (a narrowed or otherwise changed type). ``check_evolution`` holds the rules of
-``schema_changes = "evolve"``: the invariant it keeps is that a view's table only ever takes
-a schema that desired has, in the commit that writes desired's rows in it, and never goes
-back to a schema it left (a replica still on the old query is refused, ``schema_digest``).
+``schema_changes = "evolve"``. The invariant they keep with ``epoch/run.py``: a view's table
+only takes a schema that desired has, with the epoch that writes desired's rows in it (in its
+commit; through delta-rs in upsert and append mode, in a version of its own right before it,
+made once the epoch's files are staged), and never goes back to a schema it left (a replica
+still on the old query is refused, ``schema_digest``).
 """
 
 from __future__ import annotations
