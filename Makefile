@@ -117,12 +117,20 @@ test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
 
 # The short seeded fault runs (tests/chaos, fixed seeds: 3 Spark driver processes SIGKILLed and
 # restarted, fail points, a fault proxy), the model's histories past make test's (8 a profile,
-# other seeds) and the tests marked soak (a process race on Azure, the S3 one's mechanism
-# again): CI runs them after `make test` (.ci/run), on the cores alone; `make test` leaves them
-# out to stay under its 30 minutes.
-soak: $(STAMP) $(NODE_STAMP)
-	MVSINK_SOAK=1 $(BIN)/python -m pytest -q tests/chaos tests/test_model.py \
-		"tests/test_concurrency.py::test_two_processes_racing_on_the_same_epochs[delta-rs-azure-complete]"
+# other seeds) and the tests marked soak (process races and kills, Spark processes of their own:
+# a memory bound, CLI runs against a metastore), on the lines they belong to: CI runs them after
+# `make test` (.ci/run), on the cores alone; `make test` leaves them out to stay under its 30
+# minutes.
+soak: $(STAMP) $(SPARK35_STAMP) $(DELTA_STAMP) $(NODE_STAMP)
+	MVSINK_SOAK=1 MVSINK_KAFKA_JARS="$${MVSINK_KAFKA4_JARS:-$$(scripts/jvm_jars.sh kafka-4)}" \
+	MVSINK_KAFKA_BROKER_JARS="$${MVSINK_KAFKA_BROKER_JARS:-$$(scripts/jvm_jars.sh kafka-broker)}" \
+		$(BIN)/python -m pytest -q tests/chaos tests/test_model.py tests/test_concurrency.py \
+		tests/test_kafka.py tests/plan/test_upsert.py
+	MVSINK_SOAK=1 MVSINK_INTEROP=1 \
+	MVSINK_DELTA_JARS="$${MVSINK_DELTA_JARS:-$$(scripts/jvm_jars.sh delta-4.4 ../shared/delta-jvm/jars)}" \
+		$(DELTA_VENV)/bin/python -m pytest -q tests/interop/test_delta_jvm.py tests/interop/test_jvm_commit_store.py
+	MVSINK_SOAK=1 MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$${MVSINK_DELTA33_JARS:-$$(scripts/jvm_jars.sh delta-3.3)}" \
+		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop/test_delta_jvm.py tests/interop/test_jvm_commit_store.py
 
 # A long seeded chaos run (tests/chaos): CHAOS_EPOCHS epochs in one process, then replica
 # processes for CHAOS_SECONDS; CHAOS_SEED replays one.

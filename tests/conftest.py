@@ -80,10 +80,10 @@ _BEFORE_ANY_IO = ("tests/test_errors.py", "tests/plan/test_rules.py")
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     """Whether this line runs ``item``. The main line runs everything on delta-rs (the refusal
     suites ``_BEFORE_ANY_IO`` on local disk only). On Spark 3.5 it leaves out what no Spark
-    line changes: the ``newest_line`` runs; S3 but where Spark reaches it and the stores' own
-    suite (nor Azure and GCS); the distributed placement but in its own suite and under Connect.
-    The Delta lines
-    run tests/interop, and the behaviour suites on delta-spark:
+    line changes: the ``newest_line`` runs (on the Delta 3.3 line too); S3 but where Spark
+    reaches it and the stores' own suite (nor Azure and GCS); the distributed placement but in
+    its own suite and under Connect. The Delta lines run tests/interop, and the behaviour
+    suites on delta-spark:
     - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local server
       can stand in for: docs/design.md; tests/interop covers the refusal of any other store);
     - in classic sessions (under Spark Connect the engine is refused by design);
@@ -91,9 +91,9 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
       (the engine commits what either placement staged, through one path);
     - not tests marked ``single_engine``."""
     module = item.nodeid.split("::")[0]
+    if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
+        return False
     if not DELTA_LINE:
-        if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
-            return False
         if chosen.get("target") == "s3" and module.endswith(_BEFORE_ANY_IO):
             return False
         if chosen.get("engine") == "delta-spark":
@@ -129,6 +129,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"needs Spark 4.0+ ({marker.args[0]}); this is PySpark {pyspark.__version__}")
 
 
+def _soak(item: pytest.Item) -> bool:
+    """Whether ``make soak`` runs ``item`` (with ``MVSINK_SOAK`` set), and ``make test`` does
+    not: tests marked ``soak`` and the seeded fault runs (tests/chaos); the model-based test
+    runs in both, longer in the soak (``tests/test_model.py``)."""
+    module = item.nodeid.split("::")[0]
+    if module == "tests/test_model.py":
+        return bool(os.environ.get("MVSINK_SOAK"))
+    return item.get_closest_marker("soak") is not None or module.startswith("tests/chaos/")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the distributed placement on local disk only, to keep the suite short: the store
     is the I/O layer's business, and tests/plan/test_distributed.py runs that placement on S3.
@@ -139,8 +149,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         params = getattr(item, "callspec", None)
         chosen = params.params if params else {}
-        if not soak and item.get_closest_marker("soak") is not None:
-            drop.append(item)  # make soak's (pyproject.toml)
+        if _soak(item) != soak:
+            drop.append(item)  # make soak runs these, make test the rest (pyproject.toml)
             continue
         if not _line_runs(item, chosen):
             drop.append(item)

@@ -321,6 +321,7 @@ print(sorted({r.outcome for r in sink.reports}))
 
 
 @pytest.mark.newest_line
+@pytest.mark.soak  # processes SIGKILLed and restarted, as tests/chaos: 45 s
 def test_replicas_sharing_kafka_offsets_keep_the_view_exact_through_a_kill_and_a_new_partition(
     spark, kafka, tmp_path, local_target
 ):

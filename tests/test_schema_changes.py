@@ -79,28 +79,28 @@ def test_an_added_column_that_is_null_everywhere_keeps_every_file_where_the_engi
         assert sorted(removed(target, 1)) == before and report.whole
 
 
-def test_a_dropped_column_leaves_the_table_and_every_file(spark, target):
+def test_a_dropped_column_leaves_the_table_and_every_file(spark, local_target):
     """A column dropped from a complete view leaves the schema and, its values with it, every
     data file: what was dropped is no longer stored anywhere the table's version references."""
-    sink = MVSink(target, "v", schema_changes="evolve", max_rows_per_file=4)
+    sink = MVSink(local_target, "v", schema_changes="evolve", max_rows_per_file=4)
     sink(new_query(spark, range(0, 10)), 0)
     dropped = spark.createDataFrame([(i, f"n{i}", i / 2) for i in range(0, 10)], OLD)
     report = sink(dropped, 1)
-    assert report.version == 1 and list(columns(target)) == ["id", "name", "x"]
-    assert_equal_to(target, dropped)
-    assert_equal_to(target, new_query(spark, range(0, 10)), version=0)
-    for path in live_files(target):
-        with store(target).fs.open_input_file(path) as fh:
+    assert report.version == 1 and list(columns(local_target)) == ["id", "name", "x"]
+    assert_equal_to(local_target, dropped)
+    assert_equal_to(local_target, new_query(spark, range(0, 10)), version=0)
+    for path in live_files(local_target):
+        with store(local_target).fs.open_input_file(path) as fh:
             assert "tier" not in pq.read_schema(fh).names, path
-    assert commit_info(target, 1)["mvsink.retracted"] == "10"
+    assert commit_info(local_target, 1)["mvsink.retracted"] == "10"
 
 
-def test_widened_types_hold_desireds_values_in_the_new_types(spark, target):
+def test_widened_types_hold_desireds_values_in_the_new_types(spark, local_target):
     """int to long, float to double, decimal(10,2) to decimal(12,2), date to timestamp_ntz
     (on a table that has the timestampNtz feature: its ``seen`` column made it so): the epoch
     rewrites every file from desired, values past the old types' ranges included, and Spark
     reads them."""
-    sink = MVSink(target, "v", schema_changes="evolve")
+    sink = MVSink(local_target, "v", schema_changes="evolve")
     narrow = "id int, f float, d decimal(10,2), day date, seen timestamp_ntz"
     wide = "id long, f double, d decimal(12,2), day timestamp_ntz, seen timestamp_ntz"
     day, seen = dt.date(2026, 11, 27), dt.datetime(2026, 1, 1, 12)
@@ -109,15 +109,15 @@ def test_widened_types_hold_desireds_values_in_the_new_types(spark, target):
     moved = [(i, f, d, None if t is None else dt.datetime.combine(t, dt.time()), s) for i, f, d, t, s in rows]
     widened = spark.createDataFrame([*moved, (2**40, 1e300, Decimal("9999999999.99"), None, None)], wide)
     sink(widened, 1)
-    assert columns(target) == {
+    assert columns(local_target) == {
         "id": "int64",
         "f": "double",
         "d": "decimal128(12, 2)",
         "day": "timestamp[us]",
         "seen": "timestamp[us]",
     }
-    assert_equal_to(target, widened)
-    assert multiset(to_arrow(spark_read_listed(spark, target))) == multiset(target_table(target))
+    assert_equal_to(local_target, widened)
+    assert multiset(to_arrow(spark_read_listed(spark, local_target))) == multiset(target_table(local_target))
 
 
 @pytest.mark.parametrize(
@@ -144,17 +144,17 @@ def test_widened_types_hold_desireds_values_in_the_new_types(spark, target):
     ],
 )
 def test_what_no_change_of_the_table_makes_is_refused_with_nothing_written(
-    spark, target, mode, before, after, why
+    spark, local_target, mode, before, after, why
 ):
     options = {"key": ["id"]} if mode == "upsert" else {}
-    sink = MVSink(target, "v", mode=mode, schema_changes="evolve", **options)
+    sink = MVSink(local_target, "v", mode=mode, schema_changes="evolve", **options)
     sink(_row(spark, before), 0)
-    files = sorted(store(target).files(""))
+    files = sorted(store(local_target).files(""))
     with pytest.raises(SchemaMismatchError, match=why) as info:
         sink(_row(spark, after), 1)
     print(info.value)
     assert "Nothing was written" in str(info.value) and "epoch 1" in str(info.value)
-    assert versions(target) == [0] and sorted(store(target).files("")) == files
+    assert versions(local_target) == [0] and sorted(store(local_target).files("")) == files
 
 
 def _row(spark: SparkSession, schema: str) -> DataFrame:
@@ -176,31 +176,33 @@ def _one(spark_type: str) -> object:
     return 1
 
 
-def test_a_partition_column_change_is_refused(spark, target):
-    sink = MVSink(target, "v", partition_by=["p"], schema_changes="evolve")
+def test_a_partition_column_change_is_refused(spark, local_target):
+    sink = MVSink(local_target, "v", partition_by=["p"], schema_changes="evolve")
     sink(spark.createDataFrame([(1, "a")], "id long, p string"), 0)
     with pytest.raises(SchemaMismatchError, match="'p' is the view's partition column"):
         sink(spark.createDataFrame([(1, 2)], "id long, p long"), 1)
-    assert versions(target) == [0]
+    assert versions(local_target) == [0]
 
 
-def test_by_default_a_changed_query_is_refused_naming_the_option(spark, target):
-    sink = MVSink(target, "v")
+def test_by_default_a_changed_query_is_refused_naming_the_option(spark, local_target):
+    sink = MVSink(local_target, "v")
     sink(old_query(spark, range(0, 3)), 0)
     with pytest.raises(SchemaMismatchError, match="schema_changes is 'refuse'") as info:
         sink(new_query(spark, range(0, 3)), 1)
     assert info.value.columns == ("tier",)
-    assert versions(target) == [0]
+    assert versions(local_target) == [0]
 
 
-def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changing_it_back(spark, target):
+def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changing_it_back(
+    spark, local_target
+):
     """Two replicas of one view, both with ``schema_changes = "evolve"``: the redeployed one
     changes the schema inside the old one's commit window. The old one loses the race, plans
     again on the new schema, and is refused (it would have changed the table back and written
     old-shaped rows), as is each of its later epochs; an epoch of it that only replays what is
     committed writes nothing and is not refused. The view stays the new query's."""
-    old = MVSink(target, "v", schema_changes="evolve", lineage="q")
-    new = MVSink(target, "v", schema_changes="evolve", lineage="q")
+    old = MVSink(local_target, "v", schema_changes="evolve", lineage="q")
+    new = MVSink(local_target, "v", schema_changes="evolve", lineage="q")
     old(old_query(spark, range(0, 6)), 0)
 
     def redeployed_commits_first(snap: object) -> None:
@@ -212,40 +214,40 @@ def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changin
         old(old_query(spark, range(0, 7)), 2)
     print(info.value)
     assert "until version 1" in str(info.value) and "epoch 2" in str(info.value)
-    assert versions(target) == [0, 1] and "tier" in columns(target)
+    assert versions(local_target) == [0, 1] and "tier" in columns(local_target)
     assert old(old_query(spark, range(0, 7)), 1).outcome == "replay"  # behind: skips, no error
     with pytest.raises(SchemaMismatchError, match="until version 1"):
         old(old_query(spark, range(0, 7)), 3)
-    assert versions(target) == [0, 1]
-    assert_equal_to(target, new_query(spark, range(0, 6)))
+    assert versions(local_target) == [0, 1]
+    assert_equal_to(local_target, new_query(spark, range(0, 6)))
     new(new_query(spark, range(0, 8)), 2)
-    assert_equal_to(target, new_query(spark, range(0, 8)))
+    assert_equal_to(local_target, new_query(spark, range(0, 8)))
 
 
-def test_an_epoch_that_fails_before_its_commit_leaves_the_schema_as_it_was(spark, target):
+def test_an_epoch_that_fails_before_its_commit_leaves_the_schema_as_it_was(spark, local_target):
     """The columns go into the table only with an epoch that commits: a batch refused as bad
     input (one key twice) changes nothing, the schema included, on either engine."""
     from mvsink import DuplicateKeyError
 
-    up = MVSink(target, "v", mode="upsert", key=["id"], schema_changes="evolve")
+    up = MVSink(local_target, "v", mode="upsert", key=["id"], schema_changes="evolve")
     up(spark.createDataFrame([(1, "a")], "id long, name string"), 0)
     twice = spark.createDataFrame([(2, "b", "x"), (2, "c", "y")], "id long, name string, note string")
     with pytest.raises(DuplicateKeyError):
         up(twice, 1)
-    assert versions(target) == [0] and "note" not in columns(target)
+    assert versions(local_target) == [0] and "note" not in columns(local_target)
 
 
-def test_a_dropped_column_that_a_constraint_names_is_refused(spark, target):
+def test_a_dropped_column_that_a_constraint_names_is_refused(spark, local_target):
     from deltalake import DeltaTable
 
     from mvsink.table.uris import table_root
 
-    sink = MVSink(target, "v", schema_changes="evolve")
+    sink = MVSink(local_target, "v", schema_changes="evolve")
     sink(spark.createDataFrame([(1, 2)], "id long, v long"), 0)
-    DeltaTable(table_root(target)).alter.add_constraint({"positive": "v > 0"})
+    DeltaTable(table_root(local_target)).alter.add_constraint({"positive": "v > 0"})
     with pytest.raises(SchemaMismatchError, match=r"constraint delta\.constraints\.positive names it"):
         sink(spark.createDataFrame([(1,)], "id long"), 1)
-    assert versions(target) == [0, 1]  # the constraint's version; nothing of the sink's
+    assert versions(local_target) == [0, 1]  # the constraint's version; nothing of the sink's
 
 
 def test_upsert_and_append_views_take_an_added_column_and_untouched_rows_keep_null(spark, engine, target):
@@ -285,15 +287,15 @@ def test_upsert_and_append_views_take_an_added_column_and_untouched_rows_keep_nu
     )
 
 
-def test_a_column_added_under_connect(connect, target, placement):
-    sink = MVSink(target, "v", placement=placement, schema_changes="evolve")
+def test_a_column_added_under_connect(connect, local_target, placement):
+    sink = MVSink(local_target, "v", placement=placement, schema_changes="evolve")
     sink(old_query(connect, range(0, 5)), 0)
     sink(new_query(connect, range(0, 6)), 1)
-    assert_equal_to(target, new_query(connect, range(0, 6)))
-    assert versions(target) == [0, 1]
+    assert_equal_to(local_target, new_query(connect, range(0, 6)))
+    assert versions(local_target) == [0, 1]
 
 
-def test_the_columns_a_change_keeps_keep_their_comments_and_place(spark, target):
+def test_the_columns_a_change_keeps_keep_their_comments_and_place(spark, local_target):
     """A schema change keeps the table's own description of the columns it keeps (field
     metadata such as comments, nested ones too) and their order; added columns come after."""
     from deltalake import DeltaTable, write_deltalake
@@ -307,12 +309,12 @@ def test_the_columns_a_change_keeps_keep_their_comments_and_place(spark, target)
         pa.field("s", inner),
     ]
     first = pa.table({"name": ["a"], "id": [1], "s": [{"a": 1}]}, schema=pa.schema(fields))
-    write_deltalake(table_root(target), first)
-    sink = MVSink(target, "v", schema_changes="evolve")
+    write_deltalake(table_root(local_target), first)
+    sink = MVSink(local_target, "v", schema_changes="evolve")
     schema = "id long, name string, s struct<a: long>, tier string"
     sink(spark.createDataFrame([(1, "a", (1,), "x")], schema), 0)
-    held = DeltaTable(table_root(target)).schema()
+    held = DeltaTable(table_root(local_target)).schema()
     assert [f.name for f in held.fields] == ["name", "id", "s", "tier"]
     assert held.fields[0].metadata == {"comment": "who"}
     assert held.fields[2].type.fields[0].metadata == {"comment": "inside"}
-    assert_equal_to(target, spark.createDataFrame([(1, "a", (1,), "x")], schema))
+    assert_equal_to(local_target, spark.createDataFrame([(1, "a", (1,), "x")], schema))

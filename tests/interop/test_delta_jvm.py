@@ -510,6 +510,7 @@ def test_the_mvsink_delta_change_feed_sums_to_the_view_at_every_version(spark, t
         assert all(n >= 0 for n in total.values())
 
 
+@pytest.mark.soak  # CLI processes starting Spark with a metastore: about a minute
 def test_the_cli_looks_a_name_up_in_the_metastore_its_conf_names(spark, tmp_path):
     """A CLI process starts its own Spark session (job file's [spark], then --conf) and finds a
     table another process created in a shared (Derby) metastore."""

@@ -243,6 +243,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.soak  # two Spark processes racing three rounds: about a minute
 def test_two_processes_on_the_jvm_engine_racing_on_local_disk_never_both_win_a_version(
     tmp_path, slow_commit_fs
 ):
@@ -325,7 +326,7 @@ def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_
     from mvsink import CommitReplacedError
     from tests.helpers import assert_equal_to
 
-    if engine == "delta-rs" and glob.glob(os.path.join(os.environ.get("MVSINK_S3A_JARS", ""), "*.jar")):
+    if engine == "delta-rs" and not s3a_jars()[1]:
         pytest.skip("on this line the S3 race (below) runs the delta-rs sink against the Spark job")
     target = str(tmp_path / "view")
     sink = MVSink(target, "v", engine=engine)
@@ -424,6 +425,22 @@ public class SlowS3AFileSystem extends S3AFileSystem {
 """
 
 
+def s3a_jars() -> tuple[list[str], str]:
+    """The jars of Hadoop's S3A that ``MVSINK_S3A_JARS`` names, if they are for the Hadoop in
+    this line's PySpark (hadoop-aws must match it), else why not."""
+    import pyspark
+
+    s3a = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_S3A_JARS", ""), "*.jar")))
+    aws = [os.path.basename(j)[len("hadoop-aws-") : -len(".jar")] for j in s3a if "hadoop-aws-" in j]
+    wheel = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))
+    hadoop = os.path.basename(wheel[0])[len("hadoop-client-api-") : -len(".jar")] if wheel else "?"
+    if not aws:
+        return [], "no hadoop-aws: set MVSINK_S3A_JARS to a folder of the jars jvm/s3a-3.5 lists"
+    if aws != [hadoop]:
+        return [], f"MVSINK_S3A_JARS holds hadoop-aws {aws[0]}, and this PySpark's Hadoop is {hadoop}"
+    return s3a, ""
+
+
 @pytest.fixture(scope="module")
 def slow_s3a(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Session conf for a Spark job on the suite's S3 server through Hadoop's S3A
@@ -433,9 +450,9 @@ def slow_s3a(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     import pyspark
 
-    s3a = sorted(glob.glob(os.path.join(os.environ.get("MVSINK_S3A_JARS", ""), "*.jar")))
-    if not s3a:
-        pytest.skip("no hadoop-aws: set MVSINK_S3A_JARS to a folder of the jars jvm/s3a-3.5 lists")
+    s3a, why = s3a_jars()
+    if why:
+        pytest.skip(why)
     javac = shutil.which("javac")
     if javac is None:
         pytest.skip("no javac: the slow S3A file system of this test is compiled from source")

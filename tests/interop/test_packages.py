@@ -71,6 +71,7 @@ def _central() -> bool:
         return False
 
 
+@pytest.mark.newest_line  # the route users take, tested once: on the Delta 4.4 line
 def test_a_view_on_the_jvm_engine_with_delta_from_spark_jars_packages(tmp_path: Path) -> None:
     ivy = Path(os.environ.get("MVSINK_IVY_HOME", Path.home() / ".ivy2.mvsink"))
     run = subprocess.run(

@@ -401,6 +401,7 @@ print("ok", report.inserted)
 
 
 @pytest.mark.single_engine  # its own Spark, in a subprocess: the engine fixture does not reach it
+@pytest.mark.soak  # a memory bound measured in a Spark of its own: 45 s
 def test_a_distributed_upsert_task_holds_a_bounded_share_of_its_partition(tmp_path):
     """One task gets every key of a 1.2M-row batch (about 300 MB as Arrow) under a Python
     worker limited to 1.2 GB of address space (its imports take about 0.7): it decides the
