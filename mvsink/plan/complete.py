@@ -34,6 +34,7 @@ entry from the fingerprints Spark computed.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -169,9 +170,9 @@ class Complete:
         (``Layout.rewrites_every_file``, ``keeps_files_across_schema_change``): desired
         written whole by Spark tasks, never collected, as an initial load is, and every file
         of the snapshot retracted whole (not read: a file the log gives no row count of is
-        counted from its footer). Otherwise a schema change is an epoch like any other: the index of the new
-        layout reads the table's files in it (an added column null in older files) and the
-        correction writes what differs."""
+        counted from its footer). Otherwise a schema change is an epoch like any other: the
+        index of the new layout reads the table's files in it (an added column null in older
+        files) and the correction writes what differs."""
         ctx = self.ctx
         ctx.whole = True
         log.info(
@@ -180,13 +181,11 @@ class Complete:
             ctx.where,
             len(snap.files),
         )
-        desired = self._hashed(layout) if rules else with_fingerprints(ctx.batch, layout)
-        ctx.enforce(desired.select(*[F.col(quote(c)) for c in layout.struct.names]), rules)
         rewrites = []
         for f in snap.files:
             n = ctx.store.rows(f) if f.num_records is None else f.num_records
             rewrites.append(Rewrite(f, None, np.arange(n, dtype=np.int64), counted=n))
-        return Plan(checked(desired, rules), None, tuple(rewrites), index=self.stored)
+        return replace(self._initial_load(layout, rules), rewrites=tuple(rewrites))
 
     def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
         ctx = self.ctx

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -313,6 +314,66 @@ print(json.dumps([last["version"], last["operation"]]))
 """
 
 
+def sink_commits_inside_a_replacing_job(
+    spark: SparkSession,
+    sink: MVSink,
+    tmp_path: Path,
+    args: list[str],
+    conf: Mapping[str, str],
+    reached: Callable[[], bool],
+    settle: float = 0.0,
+) -> list[str]:
+    """Start ``FOREIGN_JOB`` (a Delta DELETE, with ``args`` after the table's path its
+    arguments: the path first) in a Spark process of its own with ``conf``, and commit the
+    sink's epoch 1 once ``reached()`` says the job is inside its commit (and ``settle``
+    seconds more). Both report version 1 committed; the job's output lines."""
+    script = tmp_path / "job.py"
+    script.write_text(FOREIGN_JOB)
+    settings = json.dumps({**delta_conf(tmp_path / "warehouse"), **conf})
+    job = subprocess.Popen(
+        [sys.executable, str(script), args[0], settings, *args[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        cwd=os.getcwd(),
+    )
+
+    def inside_the_jobs_commit(snap: object) -> None:
+        deadline = time.monotonic() + 240
+        while not reached():
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the job never reached its commit"
+            time.sleep(0.005)
+        time.sleep(settle)
+
+    sink.state.before_commit = inside_the_jobs_commit
+    report = sink(view(spark, range(0, 12)), 1)
+    sink.state.before_commit = None
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
+    assert report.outcome == "committed" and report.version == 1
+    return out.strip().splitlines()
+
+
+def the_next_epoch_reports_the_replacement_and_the_one_after_repairs(
+    spark: SparkSession, sink: MVSink, target: str
+) -> str:
+    """The sink's epoch 2 raises ``CommitReplacedError`` with nothing staged; run again, it
+    repairs the view (complete mode). The error's message."""
+    from mvsink import CommitReplacedError
+    from tests.helpers import assert_equal_to
+
+    files = sorted(store(target).files(""))
+    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
+        sink(view(spark, range(0, 12)), 2)
+    print(info.value)
+    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
+    assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
+    assert_equal_to(target, view(spark, range(0, 12)))
+    return str(info.value)
+
+
 @pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
 def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_epoch(
     spark, tmp_path, slow_commit_fs, engine
@@ -323,55 +384,25 @@ def test_a_spark_job_that_replaces_a_commit_of_the_sink_is_reported_by_its_next_
     job's rename replaces it and the job reports its DELETE committed too: both "won". The
     sink's next epoch finds its commit gone and raises ``CommitReplacedError`` before staging
     anything, naming the version and the epoch; the epoch after it repairs the view."""
-    from mvsink import CommitReplacedError
-    from tests.helpers import assert_equal_to
-
     if engine == "delta-rs" and not s3a_jars()[1]:
         pytest.skip("on this line the S3 race (below) runs the delta-rs sink against the Spark job")
     target = str(tmp_path / "view")
     sink = MVSink(target, "v", engine=engine)
     sink(view(spark, range(0, 10)), 0)
-    script = tmp_path / "job.py"
-    script.write_text(FOREIGN_JOB)
-    # The job renames its commit file into place 6 s after it checked that version 1 is free.
-    slow = {**slow_commit_fs, "spark.hadoop.mvsinktest.commitDelayMs": "6000"}
-    conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow})
-    job = subprocess.Popen(
-        [sys.executable, str(script), target, conf],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        cwd=os.getcwd(),
-    )
     log_dir = os.path.join(target, "_delta_log")
 
-    def inside_the_jobs_commit(snap: object) -> None:
-        """Wait until the job holds its commit in a temporary file and has checked that version
-        1 is free (right after writing it), to rename it into place after SlowCommitFs's pause."""
-        deadline = time.monotonic() + 240
-        while not any(n.endswith(".tmp") and ".json." in n for n in os.listdir(log_dir)):
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the job never reached its commit"
-            time.sleep(0.005)
-        time.sleep(0.5)
+    def reached() -> bool:
+        """The job holds its commit in a temporary file and has checked that version 1 is free
+        (right after writing it), to rename it into place after SlowCommitFs's pause."""
+        return any(n.endswith(".tmp") and ".json." in n for n in os.listdir(log_dir))
 
-    sink.state.before_commit = inside_the_jobs_commit
-    report = sink(view(spark, range(0, 12)), 1)
-    sink.state.before_commit = None
-    out, err = job.communicate(timeout=300)
-    assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
-    assert report.outcome == "committed" and report.version == 1
-    assert json.loads(out.strip().splitlines()[-1]) == [1, "DELETE"]  # the job "won" version 1 too
+    # The job renames its commit file into place 6 s after it checked that version 1 is free.
+    slow = {**slow_commit_fs, "spark.hadoop.mvsinktest.commitDelayMs": "6000"}
+    out = sink_commits_inside_a_replacing_job(spark, sink, tmp_path, [target], slow, reached, settle=0.5)
+    assert json.loads(out[-1]) == [1, "DELETE"]  # the job "won" version 1 too
     assert commit_info(target, 1)["operation"] == "DELETE"  # its file replaced the sink's
-    files = sorted(store(target).files(""))
-    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
-        sink(view(spark, range(0, 12)), 2)
-    print(info.value)
-    assert "DELETE" in str(info.value) and "epoch 2" in str(info.value)
-    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
-    assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
-    assert_equal_to(target, view(spark, range(0, 12)))
+    message = the_next_epoch_reports_the_replacement_and_the_one_after_repairs(spark, sink, target)
+    assert "DELETE" in message and "epoch 2" in message
 
 
 SLOW_S3A_FS = """
@@ -496,49 +527,22 @@ def test_a_spark_job_on_s3_replaces_a_commit_of_the_sink_on_delta_rs_and_the_nex
     delta-rs (a PUT with ``If-None-Match``). The job's PUT reaches S3 after the sink's
     (``SlowS3AFileSystem``), replaces it, and both report version 1 committed. The sink's next
     epoch raises ``CommitReplacedError`` before staging anything; the epoch after repairs."""
-    from mvsink import CommitReplacedError
-    from tests.helpers import assert_equal_to
     from tests.s3server import BUCKET
 
     target = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/view"
     sink = MVSink(target, "v")
     sink(view(spark, range(0, 10)), 0)
-    script = tmp_path / "job.py"
-    script.write_text(FOREIGN_JOB)
     markers = slow_s3a["spark.hadoop.mvsinktest.markerDir"]
-    conf = json.dumps({**delta_conf(tmp_path / "warehouse"), **slow_s3a})
-    job = subprocess.Popen(
-        [sys.executable, str(script), "s3a://" + target.removeprefix("s3://"), conf, "check-store"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        cwd=os.getcwd(),
-    )
 
-    def inside_the_jobs_commit(snap: object) -> None:
-        """Wait until the job has checked that version 1 is free and is about to PUT it."""
-        deadline = time.monotonic() + 240
-        while not os.path.exists(os.path.join(markers, f"{1:020}.json")):
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the job never reached its commit"
-            time.sleep(0.005)
+    def reached() -> bool:
+        """The job has checked that version 1 is free and is about to PUT it."""
+        return os.path.exists(os.path.join(markers, f"{1:020}.json"))
 
-    sink.state.before_commit = inside_the_jobs_commit
-    report = sink(view(spark, range(0, 12)), 1)
-    sink.state.before_commit = None
-    out, err = job.communicate(timeout=300)
-    assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
-    assert report.outcome == "committed" and report.version == 1
-    refusal, outcome = (json.loads(line) for line in out.strip().splitlines()[-2:])
+    job_args = ["s3a://" + target.removeprefix("s3://"), "check-store"]
+    out = sink_commits_inside_a_replacing_job(spark, sink, tmp_path, job_args, slow_s3a, reached)
+    refusal, outcome = (json.loads(line) for line in out[-2:])
     assert outcome == [1, "DELETE"]  # the job "won" version 1 too
     assert commit_info(target, 1)["operation"] == "DELETE"  # its PUT replaced the sink's
     # The sink's JVM engine in the job's session (hadoop-aws present) refuses its store alone.
     assert "S3SingleDriverLogStore" in refusal and "hadoop-aws" not in refusal, refusal
-    files = sorted(store(target).files(""))
-    with pytest.raises(CommitReplacedError, match="version 1, which epoch 1 of this sink") as info:
-        sink(view(spark, range(0, 12)), 2)
-    print(info.value)
-    assert versions(target) == [0, 1] and sorted(store(target).files("")) == files  # nothing staged
-    assert sink(view(spark, range(0, 12)), 2).version == 2  # told once; then complete mode repairs
-    assert_equal_to(target, view(spark, range(0, 12)))
+    the_next_epoch_reports_the_replacement_and_the_one_after_repairs(spark, sink, target)
