@@ -21,8 +21,8 @@ exclusive within one JVM only, so mvsink's commits to a local table take turns a
 processes (``commit_turn``), and ``delta.compare_and_append`` reads every commit back.
 
 Everything here is a Delta internal reached through py4j: classic sessions only (Spark Connect
-has no py4j), checked against the Delta versions it was tested with (``TESTED``). This is the
-only module that knows them.
+has no py4j), on the Delta and Spark pairs it was tested with (``TESTED``, ``pair_problem``),
+checked before anything is staged. This is the only module that knows them.
 """
 
 from __future__ import annotations
@@ -31,18 +31,38 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import EngineRefused, EngineUnavailable, MVSinkError, first_line
 from mvsink.table import record
 from mvsink.table.stats import loosened
 
-TESTED = ("4.4.", "3.3.")
-"""Delta releases (prefixes) whose internals this module was tested against: 4.4 on Spark 4.2,
-3.3 on Spark 3.5."""
+
+class Tested(NamedTuple):
+    """The Spark a tested Delta release runs on here, and how to install each."""
+
+    spark: str
+    """Spark's major.minor (``4.2`` for the JVM's ``4.2.0``)."""
+    package: str
+    """The Delta artifact's Maven coordinates, for ``spark.jars.packages``."""
+    pyspark: str
+    """What installs that Spark's PySpark (mvsink's own pins with it)."""
+
+
+TESTED: dict[str, Tested] = {
+    "4.4": Tested("4.2", "io.delta:delta-spark_2.13:4.4.0", 'pip install "pyspark[sql]==4.2.*"'),
+    "3.3": Tested("3.5", "io.delta:delta-spark_2.12:3.3.2", 'pip install "mvsink[spark35]"'),
+}
+"""The Delta releases (major.minor) whose internals this module was tested against, each with
+the one Spark (major.minor) it was tested on. Delta's classes call Spark's own internals, and
+each Delta artifact is built for one Spark (``delta-spark_2.13`` 4.4.0 for Spark 4.2.0,
+``delta-spark_2.12`` 3.3.2 for 3.5): in another Spark they can fail inside Delta, mid-epoch (a
+``NoSuchMethodError`` in a Spark job, as delta-spark 4.4 does in Spark 4.3). So any other pair
+is refused before anything is staged (``pair_problem``); docs/engines.md has the table."""
 ENGINES = ("auto", "delta-rs", "delta-spark")
 COMMIT_CONF = "spark.databricks.delta.maxCommitAttempts"
 COMMIT_ROUTING_FEATURES = ("catalogManaged", "catalogOwned", "coordinatedCommits")
@@ -77,13 +97,11 @@ class JvmDelta:
                 "the delta-spark engine needs Delta in the Spark session (delta-spark's jars, "
                 "'spark.sql.extensions' = io.delta.sql.DeltaSparkSessionExtension)"
             ) from None
-        if not self.version.startswith(TESTED):
-            raise EngineUnavailable(
-                f"the delta-spark engine was tested with Delta {', '.join(t + 'x' for t in TESTED)}; "
-                f"this session runs Delta {self.version}, whose internals it does not know: put a "
-                "tested delta-spark in the session (spark.jars.packages, docs/engines.md), or "
-                "engine='delta-rs' where delta-rs can write the table"
-            )
+        self.spark_version = str(jspark.version())
+        """The session's Spark, as its JVM reports it (PySpark's own version may differ)."""
+        problem = pair_problem(self.version, self.spark_version)
+        if problem is not None:
+            raise EngineUnavailable(problem)
 
     def _module(self, name: str) -> Any:
         """A Scala object (``Foo$.MODULE$``) by class name."""
@@ -336,6 +354,44 @@ class JvmDelta:
         if not dry_run:
             return []
         return [_relative(root, str(row.getString(0))) for row in rows]
+
+
+def pair_problem(delta: str, spark: str) -> str | None:
+    """Why the delta-spark engine must not run with Delta ``delta`` in Spark ``spark`` (their
+    versions as the session's JVM reports them, ``4.4.0`` and ``4.2.0``), naming both and what
+    to install instead; None for a pair it was tested with (``TESTED``)."""
+    release, line = _minor(delta), _minor(spark)
+    tested = TESTED.get(release)
+    if tested is not None and tested.spark == line:
+        return None
+    pairs = " and ".join(f"Delta {d}.x with Spark {t.spark}.x" for d, t in TESTED.items())
+    why = (
+        f"the session runs Delta {delta} on Spark {spark}, a pair the delta-spark engine was not "
+        f"tested with: it reaches Delta's internals, and runs on {pairs}"
+    )
+    if tested is not None:
+        why += (
+            f" (Delta {release} as tested here, {tested.package}, is built for Spark {tested.spark}; "
+            "in another Spark its calls into Spark can fail inside a job with NoSuchMethodError)"
+        )
+    fits = next((t for t in TESTED.values() if t.spark == line), None)
+    if fits is not None:
+        fix = f"Put {fits.package} in the session's spark.jars.packages instead"
+    elif tested is not None:
+        fix = f"Run it on Spark {tested.spark} ({tested.pyspark})"
+    else:
+        each = (f"Spark {t.spark} ({t.pyspark}) with {t.package}" for t in TESTED.values())
+        fix = "Run " + ", or ".join(each)
+    return (
+        f"{why}. {fix}, or use engine='delta-rs' where delta-rs can write the table (docs/engines.md "
+        "lists the pairs)"
+    )
+
+
+def _minor(version: str) -> str:
+    """The ``major.minor`` of a version (``3.5`` of ``3.5.5-amzn-1``), or the whole string."""
+    found = re.match(r"\d+\.\d+", version.strip())
+    return found.group(0) if found else version
 
 
 _STORE_CONF = "spark.delta.logStore.{scheme}.impl"

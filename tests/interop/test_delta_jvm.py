@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from mvsink import ConfigError, MVSink, UnsupportedTableError
 from mvsink.compat import to_arrow
 from mvsink.table.storage import wait_for_cleanup
+from tests.delta_session import DELTA_VERSION
 from tests.helpers import added, data_files_on_disk, live_files, multiset, store, target_table, versions
 
 SCHEMA = "id long, name string, x double, day date, amount decimal(10,2), at timestamp"
@@ -1098,10 +1099,13 @@ def test_a_delta_release_the_engine_was_not_tested_with_is_refused_before_stagin
         "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
     )
     before = sorted(store(target).files(""))
-    monkeypatch.setattr(mvsink.table.jvm_delta, "TESTED", ("9.9.",))
+    line = ".".join(spark.version.split(".")[:2])  # as if only Delta 9.9 were tested on this Spark
+    tested = mvsink.table.jvm_delta.Tested(line, "io.delta:delta-spark_2.13:9.9.0", "pip install pyspark")
+    monkeypatch.setattr(mvsink.table.jvm_delta, "TESTED", {"9.9": tested})
     with pytest.raises(UnsupportedTableError, match=r"spark\.jars\.packages") as info:
         MVSink(target, "v")(view(spark, range(0, 4)).select("id", "name"), 0)
     message = str(info.value)
-    assert "tested with Delta 9.9.x" in message and "whose internals it does not know" in message
+    assert f"runs Delta {DELTA_VERSION} on Spark {spark.version}" in message
+    assert f"Delta 9.9.x with Spark {line}.x" in message and "io.delta:delta-spark_2.13:9.9.0" in message
     assert "nothing was staged" in message
     assert sorted(store(target).files("")) == before
