@@ -8,6 +8,7 @@ from mvsink.errors import (
     ConfigError,
     ConflictError,
     DuplicateKeyError,
+    IdentityChangedError,
     InputError,
     InvariantViolation,
     LineageError,
@@ -16,6 +17,7 @@ from mvsink.errors import (
     SchemaMismatchError,
     SparkJobError,
     StorageError,
+    TableHeldError,
     UnsupportedTableError,
 )
 from mvsink.ops.promote import frontier, promote
@@ -32,6 +34,7 @@ __all__ = [
     "ConflictError",
     "DuplicateKeyError",
     "EpochReport",
+    "IdentityChangedError",
     "InputError",
     "InvariantViolation",
     "LineageError",
@@ -44,6 +47,7 @@ __all__ = [
     "SparkJobError",
     "Status",
     "StorageError",
+    "TableHeldError",
     "UnsupportedTableError",
     "Vacuum",
     "Verification",

@@ -145,6 +145,21 @@ class SinkOptions(_Frozen):
     allow_gaps: bool = False
     """Upsert and append mode: commit an epoch although epochs between the frontier and it
     were never written (their rows are then missing). By default that is a ``LineageError``."""
+    allow_late_start: bool = False
+    """Complete mode: let a query that started reading its sources after the query that built
+    the view did (Kafka's ``startingOffsets = latest``, a topic whose retention dropped records
+    since) replace the view: it then lacks the records before that start, which becomes the
+    view's origin. By default that is a ``LineageError`` before anything is written
+    (docs/replicas.md)."""
+    take_over: str | None = None
+    """Take the target from what holds it, in this epoch's commit (one version, which says so
+    in its ``userMetadata``): the name of the view holding it, or ``"foreign"`` for a table
+    holding rows no mvsink view wrote. Naming this view itself re-keys it: its recorded key,
+    sequence columns give way to the options'. Without it such a target is refused
+    (``TableHeldError``). Once taken, the option is inert: it names a holder that is gone. One
+    exception: under a shared clock, naming this view also lets a new checkpoint's first epoch
+    take the committed source offsets as its own (after its source was reset: docs/replicas.md);
+    remove it after that deployment, since every new checkpoint started with it would."""
     heartbeat: int | str = "10m"
     """Complete mode: an epoch with nothing to change commits (a version that only moves the
     frontier) only when this many epochs, or this long (``"30s"``, ``"10m"``, ``"1h"``), passed
@@ -243,6 +258,13 @@ class SinkOptions(_Frozen):
             )
         return v
 
+    @field_validator("take_over")
+    @classmethod
+    def _check_take_over(cls, v: str | None) -> str | None:
+        if v is not None and v != "foreign" and not _NAME.match(v):
+            raise ValueError(f"must be a view's name or 'foreign' (got {v!r})")
+        return v
+
     @field_validator("heartbeat", "refresh_every")
     @classmethod
     def _check_cadence(cls, v: int | str | None) -> int | str | None:
@@ -313,6 +335,11 @@ class SinkOptions(_Frozen):
                     f"option {option!r}: {other!r} is the target or lies inside it (or holds it): "
                     "a table inside another's folder is lost to the other's vacuum"
                 )
+        if self.allow_late_start and self.mode != "complete":
+            raise ValueError(
+                "option 'allow_late_start': only complete mode takes it (upsert and append mode "
+                "take allow_gaps)"
+            )
         if self.refresh_every is not None and self.mode != "complete":
             raise ValueError(
                 "option 'refresh_every': only complete mode takes it (an upsert or append batch "

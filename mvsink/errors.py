@@ -10,6 +10,10 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     │   └── DuplicateKeyError                upsert mode: one key twice in a batch
     ├── LineageError                         the epoch has no place in the view's history (a
     │                                        new lineage, a gap): nothing was written
+    ├── TableHeldError                       the target holds another view, or rows no mvsink
+    │   │                                    view wrote: take it over explicitly (take_over)
+    │   └── IdentityChangedError             the view's key or sequence columns differ
+    │                                        from those its table records
     ├── UnsupportedTableError                the target uses a Delta feature mvsink refuses,
     │                                        or is not a Delta table at all
     ├── StorageError                         the target's storage refused or cannot be reached
@@ -89,6 +93,17 @@ class InputError(MVSinkError, ValueError):
 class LineageError(MVSinkError):
     """An epoch cannot be placed in the view's history: a new lineage (checkpoint, query) where
     it would lose or double batches, or a gap in epochs. Nothing was written."""
+
+
+class TableHeldError(MVSinkError):
+    """The target is held by another view, or holds rows no mvsink view wrote: a sink never
+    takes such a table unless told to (option ``take_over``). Nothing was written."""
+
+
+class IdentityChangedError(TableHeldError):
+    """The view's key or sequence columns differ from those its table records (a
+    redeployment re-keyed the view): the stored rows are versions of the old key. Nothing
+    was written; re-keying is a takeover or a rebuild (docs/modes.md)."""
 
 
 class SchemaMismatchError(InputError):

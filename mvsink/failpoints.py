@@ -19,6 +19,8 @@ The points (``POINTS``) and what failing there proves:
 * ``after_snapshot``: nothing is staged yet; the epoch fails and nothing is written.
 * ``after_staging``: staged files exist and nothing references them (invariant I4).
 * ``before_commit``: the same, at the last moment; the attempt's files are discarded.
+* ``after_schema_commit``: through delta-rs in upsert or append mode, the version adding
+  desired's columns landed and the epoch's own commit was not made (a crash between them).
 * ``after_commit_call``: the commit call was made, its outcome unknown to the caller: the log
   decides (``delta.compare_and_append``).
 * ``after_commit``: the commit landed and the sink did not record it; Spark runs the batch
@@ -39,6 +41,7 @@ POINTS = (
     "after_snapshot",
     "after_staging",
     "before_commit",
+    "after_schema_commit",
     "after_commit_call",
     "after_commit",
     "write_task",

@@ -17,6 +17,7 @@ from mvsink import (
     MVSinkError,
     SchemaMismatchError,
     SinkOptions,
+    TableHeldError,
     UnsupportedTableError,
 )
 from mvsink.table.storage import wait_for_cleanup
@@ -260,8 +261,12 @@ def test_a_foreign_table_with_other_columns_is_left_alone(spark, target):
     from deltalake import write_deltalake
 
     write_deltalake(target, pa.table({"a": [1, 2]}))
-    with pytest.raises(SchemaMismatchError):
+    with pytest.raises(TableHeldError):  # a foreign table: refused before its columns matter
         unchanged_after(target, lambda: MVSink(target, "foreign")(frame(spark, [(1, "a", 1.0)]), 0))
+    with pytest.raises(SchemaMismatchError):  # taken over on purpose, it still needs the columns
+        unchanged_after(
+            target, lambda: MVSink(target, "foreign", take_over="foreign")(frame(spark, [(1, "a", 1.0)]), 0)
+        )
     assert DeltaTable(target).to_pyarrow_table().num_rows == 2
 
 

@@ -155,6 +155,16 @@ def test_a_complete_view_of_a_topic_stays_exact_when_its_query_stops_mid_stream_
     assert sum(r["orders"] for r in target_table(local_target).to_pylist()) == produced
 
 
+def stops_with(query: Any, match: str) -> str:
+    """The error a running query stops with (within 2 minutes), which must match ``match``."""
+    try:
+        with pytest.raises(Exception, match=match) as failed:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    return str(failed.value)
+
+
 def wait_for(done: Any, seconds: float = 180) -> None:
     deadline = time.monotonic() + seconds
     while not done():
@@ -290,6 +300,89 @@ def test_a_new_query_from_latest_beside_a_view_that_is_behind_is_refused(
     assert clock_offsets(local_target, last) == ends(kafka, topic)
     want = latest_per_key(spark, kafka, topic, ends(kafka, topic))
     assert multiset(target_table(local_target), ["id", "seq", "name", "amount"]) == want
+
+
+@pytest.mark.parametrize("clock", ["batch_id", "source_offsets"])
+def test_a_complete_redeploy_from_latest_on_a_quiet_topic_is_refused(spark, kafka, tmp_path, local_target, clock):
+    """A redeploy that lost its checkpoint, on a quiet topic, with Kafka's default
+    startingOffsets=latest: its aggregate would be of the records produced after it started.
+    It used to replace the whole view with it at its second epoch; it is refused before
+    anything is written, read from the initial offsets Spark records."""
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 200))
+
+    def run(ckpt: str, **source: str) -> Any:
+        # Under the batch id clock the sink finds the checkpoint from the running query.
+        told = {"checkpoint": ckpt} if clock == "source_offsets" else {}
+        sink = MVSink(local_target, "revenue", clock=clock, **told)
+        view = revenue(parsed(stream(spark, kafka, topic, **source), ORDER))
+        writer = view.writeStream.outputMode("complete").foreachBatch(sink)
+        return writer.option("checkpointLocation", ckpt).trigger(processingTime="200 milliseconds").start()
+
+    first = run(str(tmp_path / "a"))
+    first.processAllAvailable()
+    first.stop()
+    before = versions(local_target)
+    held = target_table(local_target)
+    late = run(str(tmp_path / "b"), startingOffsets="latest")  # the topic is quiet: caught up
+    try:
+        wait_for(lambda: (tmp_path / "b" / "sources" / "0" / "0").exists())
+        kafka.produce(topic, orders(200, 40))
+    except BaseException:
+        late.stop()
+        raise
+    failed = stops_with(late, "past where the query that built the view did")
+    assert LineageError.__name__ in failed and "allow_late_start" in failed
+    assert versions(local_target) == before and target_table(local_target).equals(held)
+    # From the beginning, a new checkpoint rebuilds the view of the whole topic.
+    again = run(str(tmp_path / "c"))
+    again.processAllAvailable()
+    again.stop()
+    assert multiset(target_table(local_target)) == revenue_of(spark, kafka, topic, ends(kafka, topic))
+
+
+def test_a_topic_made_again_under_the_query_is_an_error_at_its_first_epoch_and_a_new_checkpoint_takes_over(
+    spark, kafka, tmp_path, local_target
+):
+    """A topic deleted and made again while a query reads it with failOnDataLoss=false: the
+    query's offsets go back, and under the source offsets clock every later epoch used to be a
+    replay (the view frozen). The first such epoch is an error naming the reset; a new
+    checkpoint from earliest with take_over naming the view takes the view on."""
+    from confluent_kafka.admin import NewTopic
+
+    topic = kafka.topic(partitions=1)
+    kafka.produce(topic, orders(0, 100))
+
+    def run(ckpt: str, **options: Any) -> Any:
+        sink = MVSink(local_target, "revenue", clock="source_offsets", checkpoint=ckpt, **options)
+        raw = stream(spark, kafka, topic, failOnDataLoss="false")
+        writer = revenue(parsed(raw, ORDER)).writeStream.outputMode("complete").foreachBatch(sink)
+        return writer.option("checkpointLocation", ckpt).trigger(processingTime="200 milliseconds").start()
+
+    ckpt = str(tmp_path / "a")
+    query = run(ckpt)
+    query.processAllAvailable()
+    committed = versions(local_target)
+    held = target_table(local_target)
+    for done in kafka.admin.delete_topics([topic]).values():
+        done.result(60)
+    deadline = time.monotonic() + 60
+    while True:  # the broker deletes the topic's partitions in the background
+        try:
+            for done in kafka.admin.create_topics([NewTopic(topic, 1, 1)]).values():
+                done.result(60)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the topic could not be made again"
+            time.sleep(0.5)
+    kafka.produce(topic, orders(1000, 30))
+    failed = stops_with(query, "went back between its batches")
+    assert LineageError.__name__ in failed and "take_over='revenue'" in failed
+    assert versions(local_target) == committed and target_table(local_target).equals(held)
+    taken = run(str(tmp_path / "b"), take_over="revenue")
+    taken.processAllAvailable()
+    taken.stop()
+    assert multiset(target_table(local_target)) == revenue_of(spark, kafka, topic, ends(kafka, topic))
 
 
 REPLICA = r"""

@@ -170,23 +170,43 @@ def epoch_time(batch: DataFrame, epoch: int, opts: SinkOptions, where: Where) ->
     return _offsets(opts, epoch, where)
 
 
+def went_back(start: Time, end: Time) -> dict[str, tuple[int, int]]:
+    """The parts in which a batch ends before it starts (``start``: where the batch before it
+    ended), with both offsets: offsets only grow within a query, unless its source was reset
+    (a Kafka topic deleted and made again, read with ``failOnDataLoss=false``)."""
+    return {p: (start[p], end[p]) for p in sorted(start) if p in end and end[p] < start[p]}
+
+
+def query_start(checkpoint: str, storage_options: Mapping[str, str], where: Where) -> Time | None:
+    """Where the query whose checkpoint is ``checkpoint`` started reading, as far as a complete
+    view needs it (its state holds what came from there on): ``_first_start``, but not known
+    for ``mvsink-delta``, whose first batch may be the table's whole state at its start (a
+    snapshot) or only the changes from it (a ``startingVersion``), the same in its offsets.
+    None where it is not known; ``ConfigError`` where the checkpoint could not be read (Spark
+    keeps the offsets of its last batches only: ``offsets/0`` of an old query is gone)."""
+    return _first_start(checkpoint, storage_options, where, changes_only=True)
+
+
 def batch_start(epoch: int, opts: SinkOptions, where: Where, before: Time | None = None) -> Time | None:
     """Where the batch's data starts (see the module doc), or None where that is not known.
-    ``before``: a callable clock's time of the batch before this one, if this process saw it."""
-    if callable(opts.clock):
+    ``before``: the time of the batch before this one, if this process saw it."""
+    if callable(opts.clock) or before is not None:
         return before
     if opts.clock != "source_offsets":
         return None
     if epoch > 0:
         return _offsets(opts, epoch - 1, where)
-    return _first_start(opts, where)
-
-
-def _first_start(opts: SinkOptions, where: Where) -> Time | None:
-    """Where a query's first batch starts, source by source, from what its checkpoint holds
-    (None: some source's start is not recorded)."""
     assert opts.checkpoint is not None
-    lines = read_checkpoint_file(opts.checkpoint, "offsets/0", opts.storage_options, where).splitlines()
+    return _first_start(opts.checkpoint, opts.storage_options, where)
+
+
+def _first_start(
+    checkpoint: str, storage_options: Mapping[str, str], where: Where, *, changes_only: bool = False
+) -> Time | None:
+    """Where a query's first batch starts, source by source, from what its checkpoint holds
+    (None: some source's start is not recorded; with ``changes_only``, also an
+    ``mvsink-delta`` source's, which may be a snapshot)."""
+    lines = read_checkpoint_file(checkpoint, "offsets/0", storage_options, where).splitlines()
     out: dict[str, int] = {}
     for i, line in enumerate(lines[2:]):
         if line.strip() == "-":
@@ -194,6 +214,8 @@ def _first_start(opts: SinkOptions, where: Where) -> Time | None:
         end = json.loads(line)
         name = str(i)
         if isinstance(end, Mapping) and "version" in end and "from" in end:  # mvsink-delta
+            if changes_only:
+                return None
             out[f"{name}.version"] = int(end["from"])
         elif isinstance(end, Mapping) and "reservoirVersion" in end:
             # Delta's own source starts from its first snapshot, unless told a startingVersion;
@@ -204,7 +226,7 @@ def _first_start(opts: SinkOptions, where: Where) -> Time | None:
         elif isinstance(end, Mapping) and set(end) == {"logOffset"}:
             pass  # the file source: offsets count its own checkpoint's log, from nothing
         elif _is_kafka(end):
-            start = _kafka_initial(opts, i, where)
+            start = _kafka_initial(checkpoint, storage_options, i, where)
             if start is None:
                 return None
             out.update(source_parts(name, start, where))
@@ -225,12 +247,11 @@ def _is_kafka(offset: Any) -> bool:
     )
 
 
-def _kafka_initial(opts: SinkOptions, source: int, where: Where) -> Any:
+def _kafka_initial(checkpoint: str, storage_options: Mapping[str, str], source: int, where: Where) -> Any:
     """The initial offsets Spark's Kafka source recorded for the query (``sources/<n>/0``: a
     zero byte, ``v1``, then the offsets as JSON), or None without them."""
-    assert opts.checkpoint is not None
     try:
-        text = read_checkpoint_file(opts.checkpoint, f"sources/{source}/0", opts.storage_options, where)
+        text = read_checkpoint_file(checkpoint, f"sources/{source}/0", storage_options, where)
     except ConfigError:
         return None
     lines = text.lstrip("\x00").split("\n", 1)

@@ -20,6 +20,24 @@ written. Each reason is decided here, once, in this order:
    the committed time, or whose start is unknown (``clock.batch_start``). That raises
    ``LineageError``, or with ``allow_gaps`` logs a WARNING and commits (an unknown start
    also with ``on_new_lineage = "adopt"``, which accepts the loss knowingly).
+7. A late start: in complete mode a batch is the query's whole state, so a query that
+   started reading its sources after the query that built the view did (Kafka's
+   ``startingOffsets = latest``, a topic whose retention dropped records since) would replace
+   the view by an aggregate that lacks what came before its start. The view's first commit
+   records where its query started (its **origin**, ``record.Keys.origin``); a new lineage
+   taking the view over, or any commit under a shared clock, whose query's start is known
+   (``clock.query_start``) and past the origin in some part raises ``LineageError``, unless
+   ``allow_late_start`` (which records the new start as the origin). A view committed before
+   origins were recorded counts from 0, except for the query that continues it.
+
+Under the source offsets clock, before any of these, a batch that ends before it starts in
+some part is an offset reset within the query (a topic deleted and made again, read with
+``failOnDataLoss = false``): ``LineageError`` at its first such epoch, since every later
+epoch would be taken for a replay of the old offsets. The way on is a new checkpoint with
+``take_over`` naming the view: its first epoch, behind or incomparable, takes the committed
+time as its own. Every commit of a lineage with that option records so
+(``record.Keys.clock_taken``), so the lineage never takes it again; a new checkpoint started
+with the option left on would, which is why the docs say to remove it.
 
 A ``Commit`` says whether it lands even with an empty correction (``always``). Otherwise an
 empty correction writes no version when no heartbeat is due: the report says ``unchanged``.
@@ -47,10 +65,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mvsink.config import Cadence, SinkOptions
-from mvsink.epoch.clock import Time, Verdict, committed_time, compare, continues, skips
+from mvsink.epoch.clock import (
+    Time,
+    Verdict,
+    committed_time,
+    compare,
+    continues,
+    skips,
+    went_back,
+)
 from mvsink.epoch.lineage import Lineage, Writers
 from mvsink.epoch.mint import BatchDescription, mint
-from mvsink.errors import LineageError, Where
+from mvsink.errors import ConfigError, LineageError, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.record import Keys
 
@@ -98,6 +124,12 @@ class Commit:
     - taking the view over, or recording the lineage for the first time;
     - a refresh or a heartbeat is due (a time-based heartbeat is checked here, before the
       correction is planned, not after: at worst one epoch later than it could have been)."""
+    takes_clock: bool = False
+    """Under a shared clock, the commit makes its time the view's whatever the committed time
+    was (``take_over`` naming the view, at the lineage's first epoch)."""
+    origin: Time | None = None
+    """Complete mode: where the epoch's query started, to record as the view's origin (reason
+    7); None: the recorded one stands."""
 
 
 Decision = Commit | Skip
@@ -114,20 +146,41 @@ def decide(
     batch_start: Callable[[], Time | None],
     where: Where,
     on_clock: Callable[[Clocked], None] | None = None,
+    query_start: Callable[[], Time | None] = lambda: None,
 ) -> Decision:
     """What this attempt of ``epoch`` does against ``snap`` (see the module doc). ``lineage``
     is the epoch's lineage; ``time`` its time under a shared clock (None: no clock);
     ``batch_start`` gives the time the batch starts at, asked only by the gap check under a
-    shared clock. Under a shared clock, ``on_clock`` hears where the epoch's time stands
-    (the stall watch, ``clock.Stall``) before any reason but a fenced writer is decided.
-    Raises ``LineageError`` for a gap (6), or for a new lineage that may not take the view
-    over (``mint``)."""
+    shared clock; ``query_start`` where the batch's query started reading (asked only by the
+    late-start check, 7). Under a shared clock, ``on_clock`` hears where the epoch's time
+    stands (the stall watch, ``clock.Stall``) before any reason but a fenced writer is decided.
+    Raises ``LineageError`` for an offset reset, a gap (6) or a late start (7), or for a new
+    lineage that may not take the view over (``mint``)."""
     held = Lineage.read(snap, opts.app_id, lineage)
     writers = Writers.read(snap, opts.app_id, opts.writer)
     clock = None
+    takes_clock = False
     if time is not None:
+        _check_not_reset(epoch, time, opts, batch_start, where)
         committed = committed_time(snap, opts.app_id, time)
-        clock = Clocked(compare(time, committed), committed)
+        verdict = compare(time, committed)
+        taken = snap.transaction(Keys(opts.app_id).clock_taken(lineage)) is not None
+        takes_clock = (
+            opts.take_over == opts.name
+            and epoch == 0
+            and not taken
+            and not read_only
+            and verdict in ("behind", "incomparable")
+        )
+        if takes_clock:
+            log.warning(
+                "%s: lineage %s takes the view's committed time %s as its own at %s (option take_over)",
+                where,
+                lineage,
+                committed,
+                time,
+            )
+        clock = Clocked("ahead" if takes_clock else verdict, committed)
     try:
         desc = mint(
             epoch,
@@ -174,8 +227,16 @@ def decide(
         lambda: continues(snap, opts.app_id, lineage, opts.writer, epoch),
         where,
     )
-    always = always or _due(opts.heartbeat_cadence, snap, desc, held, opts)
-    return Commit(desc, held, writers, always)
+    origin = _check_start(
+        desc,
+        snap,
+        opts,
+        query_start,
+        lambda: continues(snap, opts.app_id, lineage, opts.writer, epoch),
+        where,
+    )
+    always = always or takes_clock or _due(opts.heartbeat_cadence, snap, desc, held, opts)
+    return Commit(desc, held, writers, always, takes_clock, origin)
 
 
 def _not_active(opts: SinkOptions, where: Where) -> Skip:
@@ -224,8 +285,8 @@ def _check_gap(
     that an epoch was applied. In complete mode under the source offsets clock, a query's
     first batch known to start past the committed time is one too: the query's state lacks
     what came between (a replica started from later offsets), so its view would drop it."""
-    if opts.mode == "complete" and not (desc.clocked and opts.clock == "source_offsets" and epoch == 0):
-        return
+    if opts.mode == "complete":
+        return  # (a complete query's own start: ``_check_start``)
     if desc.takeover and epoch > opts.as_of:
         message = (
             f"a new lineage takes the view over at its epoch {epoch}, not its first: in "
@@ -239,8 +300,8 @@ def _check_gap(
         if committed is None:
             return
         start = batch_start()
-        if start is None and (opts.mode == "complete" or continued()):
-            return  # a complete query's state is its own business where its start is unknown
+        if start is None and continued():
+            return
         if start is None:
             message = (
                 f"this batch's start is unknown (a query's first batch whose sources did not "
@@ -256,17 +317,11 @@ def _check_gap(
         elif not skips(start, committed):
             return
         else:
-            lost = (
-                "its query's state lacks the records in between, so its view would drop them (a "
-                "replica or a new checkpoint started from later offsets, such as Kafka's "
-                "startingOffsets=latest)"
-                if opts.mode == "complete"
-                else "the rows in between would be missing (a replica that skipped batches, a "
-                "standby that started late, or a new checkpoint started from later offsets)"
-            )
             message = (
                 f"this batch starts at {start}, past the committed source offsets {committed}: in "
-                f"{opts.mode} mode {lost}"
+                f"{opts.mode} mode the rows in between would be missing (a replica that skipped "
+                "batches, a standby that started late, or a new checkpoint started from later "
+                "offsets)"
             )
     elif desc.lower is None or desc.takeover or desc.upper <= desc.lower + 1:
         return
@@ -279,3 +334,77 @@ def _check_gap(
     if not opts.allow_gaps:
         raise LineageError(message + ". Nothing was written; set allow_gaps=True to go on.", where)
     log.warning("%s: %s", where, message)
+
+
+def _check_not_reset(
+    epoch: int, time: Time, opts: SinkOptions, batch_start: Callable[[], Time | None], where: Where
+) -> None:
+    """A batch whose source offsets go back from where the batch before it ended (see the
+    module doc). Only a later batch of a query is checked (a first batch starts where it
+    starts), and only under ``source_offsets``: a callable clock's parts are its own."""
+    if epoch == 0 or opts.clock != "source_offsets":
+        return
+    try:
+        start = batch_start()
+    except ConfigError:
+        return  # the batch before's offsets are gone: nothing to compare
+    back = {} if start is None else went_back(start, time)
+    if not back:
+        return
+    shown = ", ".join(f"{part}: {was} -> {now}" for part, (was, now) in back.items())
+    raise LineageError(
+        f"the query's source offsets went back between its batches ({shown}): its source was "
+        "reset under it (a Kafka topic deleted and made again, or its offsets reset, read with "
+        "failOnDataLoss=false). The view's committed offsets are those of what the source held "
+        "before, so every later batch would be taken for a replay and the view would stop "
+        f"moving{' (its events read and never applied)' if opts.mode == 'upsert' else ''}. "
+        "Nothing was written. To go on from the source as it is now: start the query from a new "
+        f"checkpoint at its beginning (Kafka's startingOffsets=earliest) with take_over={opts.name!r} "
+        "for that deployment, whose first commit makes its offsets the view's (docs/replicas.md)",
+        where,
+    )
+
+
+def _check_start(
+    desc: BatchDescription,
+    snap: Snapshot,
+    opts: SinkOptions,
+    query_start: Callable[[], Time | None],
+    continued: Callable[[], bool],
+    where: Where,
+) -> Time | None:
+    """Reason 7, in complete mode: a query does not replace a view whose origin its start
+    skips (past it in some part): a new lineage taking the view over, or any commit under a
+    shared clock. Returns the start to record as the origin: the view's first commit's, a
+    view's without one (recorded before origins were), a late start taken knowingly. A start
+    not known (no checkpoint in reach, a source that does not say where its query started,
+    a query whose first offsets Spark cleaned up) is not checked, nor recorded."""
+    if opts.mode != "complete" or not (desc.clocked or desc.takeover or snap.frontier is None):
+        return None
+    start = query_start()
+    if start is None:
+        return None
+    if snap.frontier is None:
+        return start  # the view's first commit: where it begins
+    keys = Keys(opts.app_id)
+    recorded = snap.transaction(keys.origins) is not None
+    if not recorded and desc.clocked and continued():
+        return start  # the query that built the view, recording where it began
+    origin = {p: v for p in start if (v := snap.transaction(keys.origin(p))) is not None}
+    if not skips(start, Time.of(origin)):  # (no origin recorded: from 0, the strict reading)
+        return None if recorded else start
+    if opts.allow_late_start:
+        log.warning("%s: the query started at %s, past the view's origin %s; allowed", where, start, origin)
+        return start
+    raise LineageError(
+        f"this query started reading at {start}, past where the query that built the view did "
+        f"({origin or 'offset 0'}): in complete mode its state lacks the records in between, "
+        "which the view holds (a new checkpoint started from Kafka's startingOffsets=latest or "
+        "later explicit offsets beside a view that is caught up or behind, or from earliest on "
+        "a topic whose retention dropped records since the view began), so it would replace the "
+        "view by an aggregate without them. Nothing was written. Start the query from a new "
+        "checkpoint at the view's origin or earlier (startingOffsets=earliest where the topic "
+        "still holds it), or set allow_late_start=True to replace the view by that aggregate "
+        "knowingly",
+        where,
+    )

@@ -43,6 +43,8 @@ class Query:
     """This run's id: new at every start of the query."""
     output_mode: str | None
     """``append``, ``complete`` or ``update``; None where Spark does not say."""
+    checkpoint: str | None = None
+    """The query's checkpoint location, where Spark says (``clock.query_start`` reads it)."""
 
 
 def output_mode_refusal(mode: str, output_mode: str) -> str | None:
@@ -76,7 +78,12 @@ def running_query(batch: DataFrame, named: bool, where: Where) -> Query | None:
             execution = running.streamingQuery()
             if execution.sparkSessionForStream().equals(session):
                 mode = str(execution.outputMode().toString()).lower()
-                return Query(str(running.id().toString()), str(running.runId().toString()), mode)
+                return Query(
+                    str(running.id().toString()),
+                    str(running.runId().toString()),
+                    mode,
+                    _checkpoint_root(execution),
+                )
         # A direct call: a DataFrame of the default session while none of its queries runs.
         direct = root is not None and root.equals(session) and len(root.streams().active()) == 0
     except Exception as exc:  # a Spark build without these internals
@@ -97,6 +104,14 @@ def running_query(batch: DataFrame, named: bool, where: Where) -> Query | None:
             where,
         )
     return None
+
+
+def _checkpoint_root(execution: Any) -> str | None:
+    """Where a running query keeps its checkpoint (Spark's resolved location), if it says."""
+    try:
+        return str(execution.resolvedCheckpointRoot())
+    except Exception:  # a Spark build without it
+        return None
 
 
 def check_output_mode(desired: DataFrame, mode: str, query: Query | None, where: Where) -> None:

@@ -29,9 +29,11 @@ from pyspark.sql import DataFrame
 from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, spark_reason
 from mvsink.config import RetryPolicy, SinkOptions
-from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time
+from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time, query_start
 from mvsink.epoch.clock import transactions as clock_transactions
+from mvsink.epoch import holder
 from mvsink.epoch.decide import Clocked, Commit, Skip, decide
+from mvsink.epoch.holder import Holding
 from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
 from mvsink.epoch.mint import BatchDescription
 from mvsink.epoch.query import check_output_mode, running_query
@@ -153,6 +155,8 @@ class SinkState:
     starts (``clock.batch_start``). Only the last two of a lineage are kept."""
     seen_lineage: str | None = None
     """The lineage of the query this sink serves, once seen."""
+    starts: dict[str, Time | None] = field(default_factory=dict)
+    """Where each lineage's query started reading (``clock.query_start``), once read."""
     look_up_again: bool = False
     """The table a name resolved to is gone: the next epoch looks the name up again."""
     landed: LandedCommit | None = None
@@ -206,9 +210,11 @@ class Epoch:
         query = running_query(desired, bool(opts.lineage or opts.checkpoint), self.where)
         check_output_mode(desired, opts.mode, query, self.where)
         self.lineage = state.lineage(lineage_of(desired, query.id if query else None, opts, self.where))
+        self.checkpoint = opts.checkpoint or (query.checkpoint if query else None)
+        """The query's checkpoint, where known: where it started reading is read from it."""
         self.time = epoch_time(desired, epoch, opts, self.where)
         self.before = state.clock_seen.get((self.lineage, epoch - 1))
-        if self.time is not None and callable(opts.clock):
+        if self.time is not None:
             seen = state.clock_seen
             seen[(self.lineage, epoch)] = self.time
             for old in [k for k in seen if k[0] == self.lineage and k[1] < epoch - 1]:
@@ -277,19 +283,20 @@ class Epoch:
         snap = self.snapshot()
         if snap is None:
             return None
-        layout = self.layout(snap)
         decision = self.decide(snap)
-        if isinstance(decision, Skip):
-            return self.skip(decision, snap, layout, attempt)
+        if isinstance(decision, Skip):  # (a sink that only skips checks nothing: it writes nothing)
+            return self.skip(decision, snap, attempt)
+        holding = holder.check(snap, self.opts, self.ctx.store, self.where)
+        layout = self.layout(snap)
         self._check_not_retired(snap, layout)
         plan = self.mode.plan(snap, layout)
         staged = self.stage(plan, snap, layout)
-        if not (staged.adds or staged.removes or decision.always or layout.replaces):
+        if not (staged.adds or staged.removes or decision.always or layout.replaces or holding.took_over):
             # Nothing to change, no heartbeat due, the schema kept: no version (decide.py).
             self.discard(staged, plan)
             self.ctx.drain()
             return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
-        outcome = self.commit(decision, staged, plan, snap, layout, attempt)
+        outcome = self.commit(decision, holding, staged, plan, snap, layout, attempt)
         if isinstance(outcome, Lost):
             return outcome
         failpoints.hit("after_commit")
@@ -371,7 +378,7 @@ class Epoch:
         left = snap.transaction(Keys(self.opts.app_id).retired_schema(schema_digest(self.stored)))
         if left is not None:
             raise SchemaMismatchError(
-                f"desired has the columns the view's table had until version {left}, when a sink "
+                f"desired has the columns the view's table left at version {left}, when a sink "
                 "with schema_changes = 'evolve' changed them: this sink runs the query the view's "
                 "query replaced (a replica not yet redeployed?). Nothing was written: stop it, or "
                 "run the new query.",
@@ -390,14 +397,38 @@ class Epoch:
             batch_start=lambda: batch_start(self.epoch, opts, self.where, self.before),
             where=self.where,
             on_clock=self._watch_stall,
+            query_start=self._query_start,
         )
 
-    def skip(self, decision: Skip, snap: Snapshot, layout: Layout, attempt: int) -> EpochReport:
+    def _query_start(self) -> Time | None:
+        """Where this epoch's query started reading (None: not known), read once a lineage; a
+        checkpoint that could not be read is not known this epoch, and read again the next."""
+        starts = self.state.starts
+        if self.lineage not in starts:
+            if self.checkpoint is None:
+                return None
+            try:
+                starts[self.lineage] = query_start(self.checkpoint, self.opts.storage_options, self.where)
+            except ConfigError as exc:
+                log.info("%s: where the query started is not known: %s", self.where, exc.message)
+                return None
+        return starts[self.lineage]
+
+    def skip(self, decision: Skip, snap: Snapshot, attempt: int) -> EpochReport:
         """Write nothing, for ``decision``'s reason; a standby still plans, to report what it
-        would write. The batch runs to its end either way."""
+        would write, unless desired does not fit the table (a standby still on the query the
+        view's query replaced: it is left alone, with a WARNING). The batch runs to its end
+        either way."""
         ctx = self.ctx
         self.entitled = decision.entitled
-        plan = self.mode.plan(snap, layout) if decision.plans else None
+        plan = None
+        if decision.plans:
+            try:
+                layout = self.layout(snap)
+            except SchemaMismatchError as exc:
+                log.warning("%s: a standby whose desired does not fit the table plans nothing: %s", self.where, exc.message)
+            else:
+                plan = self.mode.plan(snap, layout)
         if plan is not None and plan.inserted is None and is_dataframe(plan.inserts):
             # A standby reports what it would insert, also when tasks would write it.
             rows = cast(DataFrame, plan.inserts)
@@ -429,7 +460,14 @@ class Epoch:
         return staged
 
     def commit(
-        self, decision: Commit, staged: Staged, plan: Plan, snap: Snapshot, layout: Layout, attempt: int
+        self,
+        decision: Commit,
+        holding: Holding,
+        staged: Staged,
+        plan: Plan,
+        snap: Snapshot,
+        layout: Layout,
+        attempt: int,
     ) -> Landed | Lost:
         """Append the staged files and the frontier against ``snap``, strictly (I2). Files of
         an attempt that did not get as far as the commit call, or lost the race, are
@@ -447,15 +485,21 @@ class Epoch:
             self.discard(staged, plan)  # not committed: nothing can reference them (I4)
             raise
         schema_json = layout.schema_json
+        retiring = self._retiring(snap, layout)
         if layout.replaces is not None and not (
             opts.mode == "complete" or keeps_files_across_schema_change(snap)
         ):
             # delta-rs in upsert and append mode: the added columns first, in a version of
-            # their own; the epoch's commit is made on it.
-            first = self._add_columns(snap, layout, staged, plan)
+            # their own, which records the schema it retires; the epoch's commit is made on it.
+            first = self._add_columns(snap, layout, staged, plan, retiring)
             if isinstance(first, Lost):
                 return first
-            snap, schema_json = first, first.schema_json or schema_json
+            try:
+                failpoints.hit("after_schema_commit")
+            except BaseException:
+                self.discard(staged, plan)  # the epoch's commit was not made: nothing references them
+                raise
+            snap, schema_json, retiring = first, first.schema_json or schema_json, {}
         with ctx.phase("commit"):
             outcome = append(
                 snap,
@@ -467,14 +511,15 @@ class Epoch:
                 app_id=opts.app_id,
                 upper=desc.upper,
                 attempt_id=attempt_id,
-                metadata=self._record(desc, staged, decision.lineage, attempt).metadata(),
+                metadata=self._record(desc, holding, staged, decision.lineage, attempt).metadata(),
                 schema_json=schema_json,
                 partition_by=layout.partition_by,
                 where=self.where,
                 transactions={
-                    **self._transactions(desc, decision.lineage, decision.writers),
+                    **self._transactions(decision),
                     **(staged.side.transactions if staged.side is not None else {}),
-                    **self._retiring(snap, layout),
+                    **holding.transactions(opts.name),
+                    **retiring,
                 },
                 _after_call=self.state.after_commit_call,
             )
@@ -484,10 +529,13 @@ class Epoch:
             self.state.landed = LandedCommit(snap.table_id, outcome.version, attempt_id, self.epoch)
         return outcome
 
-    def _add_columns(self, snap: Snapshot, layout: Layout, staged: Staged, plan: Plan) -> Snapshot | Lost:
-        """Commit desired's added columns alone (``delta.add_columns``), just before the epoch's
-        commit: the snapshot of that version, or the lost race (the staged files, which
-        nothing references yet, are discarded then, and on any error)."""
+    def _add_columns(
+        self, snap: Snapshot, layout: Layout, staged: Staged, plan: Plan, retiring: dict[str, int]
+    ) -> Snapshot | Lost:
+        """Commit desired's added columns alone (``delta.add_columns``) with the record of the
+        schema they retire (``retiring``), just before the epoch's commit: the snapshot of that
+        version, or the lost race (the staged files, which nothing references yet, are
+        discarded then, and on any error)."""
         assert layout.replaces is not None
         change = schema_change(layout.struct, layout.replaces).says()
         attempt_id = uuid.uuid4().hex
@@ -499,6 +547,7 @@ class Epoch:
                     schema_json=layout.schema_json,
                     attempt_id=attempt_id,
                     metadata=schema_metadata(self.opts.name, self.epoch, change),
+                    transactions=retiring,
                     where=self.where,
                 )
         except BaseException:
@@ -664,26 +713,41 @@ class Epoch:
                 self.where,
             )
 
-    def _transactions(self, desc: BatchDescription, lineage: Lineage, writers: Writers) -> dict[str, int]:
-        """What a commit records besides the frontier: the epoch's time under a shared clock,
-        else its lineage's standing; the active writer's promotion, again; and when it was
-        made (``record.Keys.at``)."""
-        at = {Keys(self.opts.app_id).at: now_ms()}
+    def _transactions(self, decision: Commit) -> dict[str, int]:
+        """What a commit records besides the frontier: the epoch's time under a shared clock
+        (and, when it takes the committed time, that its lineage did), else its lineage's
+        standing; the active writer's promotion, again; and when it was made
+        (``record.Keys.at``)."""
+        desc, lineage, writers = decision.desc, decision.lineage, decision.writers
+        keys = Keys(self.opts.app_id)
+        at = {keys.at: now_ms()}
         if self.time is not None:
             clock = clock_transactions(
                 self.opts.app_id, self.time, lineage.name, self.opts.writer, desc.upper
             )
-            return {**clock, **writers.restamp(), **at}
-        return {**lineage.transactions(desc.upper), **writers.restamp(), **at}
+            taken = {keys.clock_taken(lineage.name): 1} if self.opts.take_over == self.opts.name else {}
+            return {**clock, **taken, **self._origin(decision), **writers.restamp(), **at}
+        return {**lineage.transactions(desc.upper), **self._origin(decision), **writers.restamp(), **at}
+
+    def _origin(self, decision: Commit) -> dict[str, int]:
+        """The view's origin, when the commit records one (``decide._check_start``)."""
+        if decision.origin is None:
+            return {}
+        keys = Keys(self.opts.app_id)
+        return {**{keys.origin(p): v for p, v in decision.origin.items()}, keys.origins: len(decision.origin)}
 
     def _retiring(self, snap: Snapshot, layout: Layout) -> dict[str, int]:
-        """A commit that changes the table's schema records the schema it leaves, with the
-        version it leaves it at (``_check_not_retired``)."""
+        """The commit that changes the table's schema records the schema it leaves, with the
+        version it leaves it at: its own, ``snap``'s next (``_check_not_retired``). The very
+        version that changes the schema carries it, so no race, compaction or crash after it
+        can lose the record."""
         if layout.replaces is None or snap.version is None:
             return {}
         return {Keys(self.opts.app_id).retired_schema(schema_digest(layout.replaces)): snap.version + 1}
 
-    def _record(self, desc: BatchDescription, staged: Staged, lineage: Lineage, attempt: int) -> EpochRecord:
+    def _record(
+        self, desc: BatchDescription, holding: Holding, staged: Staged, lineage: Lineage, attempt: int
+    ) -> EpochRecord:
         return EpochRecord(
             view=self.opts.name,
             mode=self.opts.mode,
@@ -703,4 +767,6 @@ class Epoch:
             whole=self.ctx.whole,
             time=self.time,
             takeover=(lineage.owner or 0) + 1 if desc.takeover else None,
+            identity=holding.identity,
+            took_over=holding.took_over,
         )

@@ -24,7 +24,7 @@ from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
 from mvsink.table.delta import load_snapshot
 from mvsink.table.log import history as delta_history
-from mvsink.table.record import PROMOTED, EpochCommit, Keys, promotions, views_of
+from mvsink.table.record import HOLDER, PROMOTED, EpochCommit, Keys, holder_tag, promotions, views_of
 from mvsink.table.storage import Store
 
 FORMAT = 1
@@ -94,6 +94,9 @@ class Status:
     views: tuple[ViewStatus, ...]
     history: int
     """How many of the newest commits were read for the per-commit figures."""
+    holder: str | None = None
+    """The view that holds the table (``epoch/holder.py``): its name; ``"#<tag>"`` for a view
+    not named within the history read; None: no view holds it (a foreign table, or none yet)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self), "views": [asdict(v) for v in self.views]}
@@ -110,6 +113,7 @@ class Status:
             f"{self.target}: version {self.table_version}, {rows} in {self.files:,} files "
             f"({self.bytes:,} bytes; {self.small_files:,} with fewer than {self.small_rows:,} rows)"
         ]
+        lines.append(f"  held by view {self.holder}" if self.holder else "  held by no mvsink view")
         if not self.views:
             lines.append(f"  no mvsink view committed within the last {self.history} versions")
         for v in self.views:
@@ -159,9 +163,8 @@ def status(
     # The history ends at the version the figures describe.
     assert snap.version is not None
     commits = delta_history(Store(snap.root, options), snap.version, history)
-    names = sorted(views_of(commits) | ({name} if name else set()))
-    if name:
-        names = [name]
+    known = sorted(views_of(commits) | ({name} if name else set()))
+    names = [name] if name else known
     assert snap.version is not None
     store = Store(snap.root, options)
     views = tuple(_view(snap, n, commits, stall_notes(store, snap, n), store) for n in names)
@@ -175,7 +178,17 @@ def status(
         small_rows=small_rows,
         views=views,
         history=history,
+        holder=_holder(snap, known),
     )
+
+
+def _holder(snap: Any, names: list[str]) -> str | None:
+    """The view holding the table: the one ``mvsink#holder`` names, else (a table written
+    before holders were recorded) the view whose frontier it records."""
+    tag = snap.transaction(HOLDER)
+    if tag is None:
+        return next((n for n in names if snap.transaction(Keys.of(n).frontier) is not None), None)
+    return next((n for n in names if holder_tag(n) == tag), f"#{tag}")
 
 
 def _view(

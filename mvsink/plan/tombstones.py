@@ -38,7 +38,7 @@ import random
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -132,6 +132,11 @@ class Manifest:
     parts: tuple[str, ...]
     rows: int
     oldest: int | None
+    under: tuple[str, ...] | None = None
+    """The key columns and the sequence column the set was written under (None: a set written
+    before sets named them, taken as the view's). A set written under another key counts for
+    nothing (``Tombstones.manifest_at``): after a re-keying, a narrower key would merge
+    several keys' tombstones, and one of them would decide at random."""
 
     @staticmethod
     def read(store: Store, view: str, number: int, where: Where | None = None) -> Manifest:
@@ -143,10 +148,12 @@ class Manifest:
                 where,
             )
         doc = json.loads(data.to_pybytes())
-        return Manifest(tuple(doc["parts"]), int(doc["rows"]), doc["oldest"])
+        under = tuple(doc["under"]) if doc.get("under") is not None else None
+        return Manifest(tuple(doc["parts"]), int(doc["rows"]), doc["oldest"], under)
 
     def dump(self) -> bytes:
-        return json.dumps({"parts": list(self.parts), "rows": self.rows, "oldest": self.oldest}).encode()
+        doc = {"parts": list(self.parts), "rows": self.rows, "oldest": self.oldest, "under": self.under}
+        return json.dumps(doc).encode()
 
 
 def count(store: Store, snap: Snapshot, view: str) -> int | None:
@@ -166,23 +173,33 @@ class Tombstones:
     commits: int = 0
 
     def manifest_at(
-        self, snap: Snapshot, store: Store, view: str, app_id: str, where: Where
+        self, snap: Snapshot, store: Store, view: str, app_id: str, under: Sequence[str], where: Where
     ) -> Manifest | None:
-        """The current set's manifest (None: no tombstones)."""
+        """The current set's manifest (None: no tombstones, or a set written under another key
+        and sequence than ``under``: it counts for nothing, and the next set starts afresh)."""
         number = current(snap, app_id)
         if number is None:
             return None
         if number != self.number:
             self.number, self.manifest, self.rows = number, None, None
         if self.manifest is None:
-            self.manifest = Manifest.read(store, view, number, where)
+            self.manifest = _with_under(store, Manifest.read(store, view, number, where))
+        if self.manifest.under is not None and self.manifest.under != tuple(under):
+            log.warning(
+                "%s: the view's tombstones were written under key and sequence %s, not %s: they "
+                "count for nothing (the view was re-keyed)",
+                where,
+                list(self.manifest.under),
+                list(under),
+            )
+            return None
         return self.manifest
 
     def load(
         self, snap: Snapshot, store: Store, view: str, app_id: str, schema: pa.Schema, where: Where
     ) -> pa.Table:
         """The view's tombstones at ``snap``, on the driver."""
-        manifest = self.manifest_at(snap, store, view, app_id, where)
+        manifest = self.manifest_at(snap, store, view, app_id, schema.names[:-1], where)
         if manifest is None:
             return schema.empty_table()
         if self.rows is None:
@@ -206,6 +223,18 @@ class Tombstones:
                 log.info("%s: swept %d superseded tombstone sets", where, gone)
         except Exception as exc:  # what stays behind is swept later
             log.warning("%s: could not sweep superseded tombstone sets: %s", where, exc)
+
+
+def _with_under(store: Store, manifest: Manifest) -> Manifest:
+    """A manifest written before sets named their key, with the key and sequence its first
+    part holds (a part's columns are the key's, the sequence's, then ``DELETED_AT``)."""
+    if manifest.under is not None or not manifest.parts:
+        return manifest
+    data = store.get(manifest.parts[0])
+    if data is None:
+        raise InvariantViolation(f"a part of the view's tombstones is missing: {manifest.parts[0]}")
+    names = pq.read_schema(io.BytesIO(data.to_pybytes())).names
+    return replace(manifest, under=tuple(n for n in names if n != DELETED_AT))
 
 
 def _read_part(store: Store, path: str, schema: pa.Schema) -> pa.Table:
@@ -314,7 +343,10 @@ class NewSet:
             ]
         ages = [o for _, _, o in written if o is not None]
         manifest = Manifest(
-            tuple(p for p, _, _ in written), sum(r for _, r, _ in written), min(ages) if ages else None
+            tuple(p for p, _, _ in written),
+            sum(r for _, r, _ in written),
+            min(ages) if ages else None,
+            tuple(self.schema.names[:-1]),  # the key columns and the sequence (``schema_of``)
         )
         store.put(f"{base}/{MANIFEST}", manifest.dump())
         return [*(p for p, _, _ in written), f"{base}/{MANIFEST}"]

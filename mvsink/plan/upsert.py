@@ -336,7 +336,10 @@ class Upsert:
         assert self.spec.sequence_column is not None
         ctx = self.ctx
         with ctx.phase("tombstones"):
-            manifest = self.tombstones.manifest_at(snap, ctx.store, ctx.opts.name, ctx.opts.app_id, ctx.where)
+            under = (*self.spec.key, self.spec.sequence_column)
+            manifest = self.tombstones.manifest_at(
+                snap, ctx.store, ctx.opts.name, ctx.opts.app_id, under, ctx.where
+            )
         now = now_ms()
         retention = tombstones.retention_ms(ctx.opts.tombstone_retention, snap.configuration, ctx.where)
         shape = tombstones.schema_of(layout.arrow, self.spec.key, self.spec.sequence_column)

@@ -608,8 +608,10 @@ def add_columns(
     attempt_id: str,
     metadata: Mapping[str, str],
     where: Where,
+    transactions: Mapping[str, int] | None = None,
 ) -> Snapshot | Lost:
-    """Add the columns of ``schema_json`` that the table lacks, in a commit of that alone,
+    """Add the columns of ``schema_json`` that the table lacks, in a commit of that alone
+    (with the app ``transactions`` given),
     strictly on ``snap`` (as ``compare_and_append``: one attempt, the outcome read from the
     log when the call fails, the commit turn taken on local disk), through delta-rs; the
     snapshot of the version it made. How a view in upsert or append mode takes added columns
@@ -623,7 +625,11 @@ def add_columns(
     fields = [
         Field.from_json(json.dumps(f)) for f in json.loads(schema_json)["fields"] if f["name"] not in have
     ]
-    props = CommitProperties(custom_metadata={**metadata, record.ATTEMPT: attempt_id}, max_commit_retries=0)
+    props = CommitProperties(
+        custom_metadata={**metadata, record.ATTEMPT: attempt_id},
+        max_commit_retries=0,
+        app_transactions=[Transaction(k, v, int(time.time() * 1000)) for k, v in (transactions or {}).items()],
+    )
     turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if is_local(snap.root):
         from mvsink.table.jvm_delta import commit_turn

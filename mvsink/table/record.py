@@ -15,13 +15,21 @@ Two kinds of records, both written in the same commit as the data they describe:
   ``mvsink:<view>#active``                the number of the last promotion of a writer
   ``mvsink:<view>#writer@<W>``            the promotion that made writer ``W`` active
   ``mvsink:<view>#tombstones``            the number of the view's current tombstone set
+  ``mvsink:<view>#clock-taken@<L>``       lineage ``L`` committed with ``take_over`` naming the
+                                          view under a shared clock (``decide.py``)
+  ``mvsink:<view>#origin~<part>``         complete mode: where the query that built the view
+                                          started reading, and ``#origin#parts``
   ``mvsink:<view>#schema@<S>``            the version at which the view's table left schema
                                           ``S`` (``schema.schema_digest``), never to go back
+  ``mvsink:<view>#key``                   an upsert view's identity (``Identity``): its key
+                                          and sequence columns, as a digest
   ``mvsink:<view>~<part>``                a part of the committed clock time, and ``~#parts``,
                                           ``~#by``, ``~#upper``, ``~names`` (``epoch/clock.py``)
   ======================================  ====================================================
 
-  (``<L>`` and ``<W>`` are digests of the lineage's and the writer's names.)
+  (``<L>`` and ``<W>`` are digests of the lineage's and the writer's names.) One more key
+  names no view: ``mvsink#holder``, the view that holds the table (``holder_tag``), recorded
+  by every epoch's commit. A table holds one view; a sink of another view is refused.
 
 * **Commit metadata**: ``mvsink.*`` keys of the commit info (delta-rs writes them at its top
   level, the JVM Delta into its ``tags``; ``table/log.commit_info`` reads either), one set
@@ -56,6 +64,10 @@ MODE = "mvsink.mode"
 """Commit metadata of an epoch's commit: the sink's mode (the JVM engine's output mode)."""
 LINEAGE = "mvsink.lineage"
 """Commit metadata of an epoch's commit: its lineage (the JVM engine's query id)."""
+IDENTITY = "mvsink.identity"
+"""Commit metadata of an epoch's commit: its view's identity as JSON (``Identity.spelled``)."""
+TAKEOVER = "mvsink.took_over"
+"""Commit metadata of an epoch's commit that took the table from its holder: whom from."""
 PROMOTED = "mvsink.promoted"
 """Commit metadata of a promotion: the writer made active."""
 _PREFIX_META = "mvsink."
@@ -75,6 +87,54 @@ def metrics_app_id(view: str, root: str) -> str:
 def digest(name: str) -> str:
     """A lineage's or a writer's name as it appears in a key."""
     return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+HOLDER = "mvsink#holder"
+"""The app transaction naming the view that holds the table, by ``holder_tag``."""
+
+
+def holder_tag(view: str) -> int:
+    """``view``'s name as the version of the ``HOLDER`` app transaction: a positive 60-bit
+    digest (an app transaction records a number, not a name; the name is in the commit info)."""
+    return int(hashlib.sha256(view.encode()).hexdigest()[:15], 16)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What an upsert view's rows mean beyond their columns, recorded in every upsert epoch's
+    commit so that a redeployment that changes it is seen (``Keys.identity``): the key and
+    sequence columns. A complete or append sink has the empty identity (tag 0) and
+    records none: its rows are whole rows, not versions of keys."""
+
+    key: tuple[str, ...] = ()
+    """The key's columns, sorted (their order means nothing)."""
+    sequence: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.key
+
+    def spelled(self) -> str:
+        """The identity as JSON (commit metadata ``IDENTITY``)."""
+        return json.dumps({"key": list(self.key), "sequence": self.sequence})
+
+    @staticmethod
+    def parse(text: str) -> Identity | None:
+        try:
+            doc = json.loads(text)
+            return Identity(tuple(doc["key"]), doc.get("sequence"))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def tag(self) -> int:
+        """The version of ``Keys.identity``: 0 for the empty identity, else a positive digest."""
+        return 0 if self.empty else int(hashlib.sha256(self.spelled().encode()).hexdigest()[:15], 16)
+
+    def __str__(self) -> str:
+        if self.empty:
+            return "no key (a complete or append view)"
+        return f"key {list(self.key)}, sequence_column {self.sequence!r}"
 
 
 def now_ms() -> int:
@@ -125,6 +185,26 @@ class Keys:
     def tombstones(self) -> str:
         return f"{self.app_id}#tombstones"
 
+    def clock_taken(self, lineage: str) -> str:
+        """Set by every commit of lineage ``L`` under a shared clock with ``take_over`` naming
+        the view: ``L`` may take the committed time as its own at its first epoch only, never
+        after it committed (``decide.py``)."""
+        return f"{self.app_id}#clock-taken@{digest(lineage)}"
+
+    def origin(self, part: str) -> str:
+        """Complete mode: where, in part ``part`` of the sources' offsets, the query that built
+        the view started reading (``decide._check_start``)."""
+        return f"{self.app_id}#origin~{part}"
+
+    @property
+    def origins(self) -> str:
+        """How many parts the view's origin has (set: the origin is recorded)."""
+        return f"{self.app_id}#origin#parts"
+
+    @property
+    def identity(self) -> str:
+        return f"{self.app_id}#key"
+
     def retired_schema(self, schema_digest: str) -> str:
         return f"{self.app_id}#schema@{schema_digest}"
 
@@ -170,6 +250,10 @@ class EpochRecord:
     """The epoch's clock time (a shared clock only)."""
     takeover: int | None = None
     """The generation a lineage took the view over at, in this commit."""
+    identity: Identity = Identity()
+    """The view's identity (``Keys.identity`` records its tag in the same commit)."""
+    took_over: str | None = None
+    """Whom this commit took the table from (``take_over``): a view, or a foreign table."""
 
     def metadata(self) -> dict[str, str]:
         """The commit metadata: ``userMetadata`` and the ``mvsink.*`` keys."""
@@ -179,9 +263,13 @@ class EpochRecord:
             f"files +{self.files_added} -{self.files_removed}{vectors}, "
             f"frontier {self.upper}, lineage {self.lineage}, writer {self.writer}"
         )
+        if self.took_over is not None:
+            summary += f"; took the table over from {self.took_over}"
         return {
             "userMetadata": summary,
             **({"mvsink.takeover": str(self.takeover)} if self.takeover is not None else {}),
+            **({TAKEOVER: self.took_over} if self.took_over is not None else {}),
+            **({IDENTITY: self.identity.spelled()} if not self.identity.empty else {}),
             LINEAGE: self.lineage,
             **({"mvsink.time": json.dumps(dict(self.time), sort_keys=True)} if self.time is not None else {}),
             VIEW: self.view,

@@ -183,30 +183,112 @@ def test_an_upsert_batch_starting_past_the_committed_offsets_is_refused(spark, t
     assert ok(rows, 3).outcome == "committed"
 
 
-def test_a_complete_batch_of_a_new_checkpoint_starting_past_the_committed_offsets_is_refused(
-    spark, tmp_path, local_target
-):
-    # A replica started from later offsets (Kafka's startingOffsets=latest): its aggregate
-    # lacks what came between, so committing it would drop that from the view.
+def test_a_complete_query_that_did_not_start_at_its_sources_beginning_is_refused(spark, tmp_path, local_target):
+    # A replica or a redeploy started from later offsets (Kafka's startingOffsets=latest): its
+    # aggregate lacks what came before its start, so committing it would drop that from the
+    # view. Past the committed offsets, at them (a redeploy on a quiet topic: its first batch
+    # is empty and replays, its second would replace the view), or before them but not at 0.
     whole = spark.createDataFrame([(1, "a"), (2, "b")], SCHEMA)
     a = kafka_checkpoint(tmp_path / "a", "qa", initial=0, end=7)
     assert MVSink(local_target, "c", clock="source_offsets", checkpoint=a)(whole, 0).outcome == "committed"
-    late = kafka_checkpoint(tmp_path / "late", "qb", initial=9, end=11)  # its first batch: (9, 11]
     part = spark.createDataFrame([(3, "c")], SCHEMA)
     before = versions(local_target)
-    with pytest.raises(LineageError, match="complete mode its query's state lacks the records in between"):
+    late = kafka_checkpoint(tmp_path / "late", "qb", initial=9, end=11)  # its first batch: (9, 11]
+    with pytest.raises(LineageError, match="past where the query that built the view did") as info:
         MVSink(local_target, "c", clock="source_offsets", checkpoint=late)(part, 0)
+    assert "allow_late_start=True" in info.value.message and "allow_gaps" not in info.value.message
+    at = kafka_checkpoint(tmp_path / "at", "qc", initial=7, end=7)
+    (Path(at) / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":11}}\n')
+    quiet = MVSink(local_target, "c", clock="source_offsets", checkpoint=at)
+    assert quiet(part, 0).outcome == "replay"  # its empty first batch: the committed time
+    with pytest.raises(LineageError, match="past where the query that built the view did") as info:
+        quiet(part, 1)
+    assert "allow_gaps" not in info.value.message
+    covering = kafka_checkpoint(tmp_path / "covering", "qd", initial=3, end=11)
+    with pytest.raises(LineageError, match="past where the query that built the view did"):
+        MVSink(local_target, "c", clock="source_offsets", checkpoint=covering)(part, 0)
     assert versions(local_target) == before and multiset(target_table(local_target)) == multiset(
         to_arrow(whole)
     )
-    # From the committed offsets or earlier it commits; so does a start past them by choice.
-    covering = kafka_checkpoint(tmp_path / "covering", "qc", initial=7, end=11)
-    assert (
-        MVSink(local_target, "c", clock="source_offsets", checkpoint=covering)(part, 0).outcome == "committed"
-    )
-    later = kafka_checkpoint(tmp_path / "later", "qd", initial=12, end=13)
-    chosen = MVSink(local_target, "c", clock="source_offsets", checkpoint=later, allow_gaps=True)
-    assert chosen(whole, 0).outcome == "committed"
+    # From the beginning it commits; so does a late start by choice.
+    fresh = kafka_checkpoint(tmp_path / "fresh", "qe", initial=0, end=11)
+    more = spark.createDataFrame([(1, "a"), (2, "b"), (3, "c")], SCHEMA)
+    assert MVSink(local_target, "c", clock="source_offsets", checkpoint=fresh)(more, 0).outcome == "committed"
+    later = kafka_checkpoint(tmp_path / "later", "qf", initial=12, end=13)
+    chosen = MVSink(local_target, "c", clock="source_offsets", checkpoint=later, allow_late_start=True)
+    assert chosen(part, 0).outcome == "committed"
+    assert multiset(target_table(local_target)) == multiset(to_arrow(part))
+
+
+def test_a_complete_view_whose_query_began_past_offset_0_goes_on_and_so_does_a_replica_from_there(
+    spark, tmp_path, local_target
+):
+    """A topic whose retention dropped its first records: earliest is offset 5. The query that
+    built the view from there is its origin: its later epochs commit, and so does a replica
+    that starts there too; one that starts later is refused."""
+    rows = [spark.createDataFrame([(i, "a")], SCHEMA) for i in range(4)]
+    ckpt = kafka_checkpoint(tmp_path / "a", "qa", initial=5, end=8)
+    (Path(ckpt) / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":9}}\n')
+    sink = MVSink(local_target, "c", clock="source_offsets", checkpoint=ckpt)
+    assert sink(rows[0], 0).outcome == "committed"
+    assert sink(rows[1], 1).outcome == "committed"
+    replica = kafka_checkpoint(tmp_path / "b", "qb", initial=5, end=10)
+    assert MVSink(local_target, "c", clock="source_offsets", checkpoint=replica)(rows[2], 0).outcome == "committed"
+    later = kafka_checkpoint(tmp_path / "c", "qc", initial=6, end=11)
+    with pytest.raises(LineageError, match="past where the query that built the view did"):
+        MVSink(local_target, "c", clock="source_offsets", checkpoint=later)(rows[3], 0)
+    assert multiset(target_table(local_target)) == multiset(to_arrow(rows[2]))
+
+
+def test_a_new_lineage_of_a_complete_view_is_refused_when_its_query_started_late(spark, tmp_path, local_target):
+    """The batch_id clock: a new checkpoint is a new lineage that takes a complete view over
+    (on_new_lineage defaults to adopt). One whose query started from later offsets is refused,
+    read from its checkpoint; the view's first commit is not (there is nothing to lose)."""
+    first = kafka_checkpoint(tmp_path / "first", "q1", initial=5, end=8)
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    assert MVSink(local_target, "c", checkpoint=first)(rows, 0).outcome == "committed"
+    redeploy = kafka_checkpoint(tmp_path / "redeploy", "q2", initial=8, end=8)
+    before = versions(local_target)
+    with pytest.raises(LineageError, match="past where the query that built the view did"):
+        MVSink(local_target, "c", checkpoint=redeploy)(spark.createDataFrame([], SCHEMA), 0)
+    assert versions(local_target) == before
+    again = kafka_checkpoint(tmp_path / "again", "q3", initial=0, end=8)
+    assert MVSink(local_target, "c", checkpoint=again)(rows, 0).outcome == "committed"
+
+
+@pytest.mark.parametrize("mode", ["complete", "upsert"])
+def test_offsets_that_go_back_within_a_query_are_refused_at_the_first_such_epoch(spark, tmp_path, local_target, mode):
+    """A topic deleted and made again under failOnDataLoss=false: the query's offsets go back.
+    Every later epoch would be behind the committed offsets (a replay) and the view would stop
+    moving; the first such epoch is an error naming the reset and the way on, which works."""
+    options = {"mode": mode, **({"key": ["id"]} if mode == "upsert" else {})}
+    rows = spark.createDataFrame([(1, "a")], SCHEMA)
+    ckpt = kafka_checkpoint(tmp_path / "a", "qa", initial=0, end=50)
+    (Path(ckpt) / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":60}}\n')
+    (Path(ckpt) / "offsets" / "2").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":4}}\n')
+    sink = MVSink(local_target, "r", clock="source_offsets", checkpoint=ckpt, **options)
+    sink(rows, 0)
+    sink(rows, 1)
+    before = versions(local_target)
+    with pytest.raises(LineageError, match="went back between its batches") as info:
+        sink(spark.createDataFrame([(2, "b")], SCHEMA), 2)
+    assert "0.t.0: 60 -> 4" in info.value.message and "take_over='r'" in info.value.message
+    assert "allow_gaps" not in info.value.message
+    assert versions(local_target) == before
+    # The way on: a new checkpoint from the beginning, taking the view's offsets for its own.
+    fresh = kafka_checkpoint(tmp_path / "fresh", "qb", initial=0, end=4)
+    (Path(fresh) / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":9}}\n')
+    new_rows = spark.createDataFrame([(2, "b")], SCHEMA)
+    without = MVSink(local_target, "r", clock="source_offsets", checkpoint=fresh, **options)
+    assert without(new_rows, 0).outcome == "replay"  # behind the old offsets: nothing moves
+    taking = MVSink(local_target, "r", clock="source_offsets", checkpoint=fresh, take_over="r", **options)
+    assert taking(new_rows, 0).outcome == "committed"
+    assert json.loads(commit_info(local_target, versions(local_target)[-1])["mvsink.time"]) == {"0.t.0": 4}
+    # Taken once: the lineage's next epochs compare as any other's, the option left on or not.
+    assert taking(new_rows, 0).outcome == "replay"
+    assert taking(spark.createDataFrame([(3, "c")], SCHEMA), 1).outcome == "committed"
+    want = [(3, "c")] if mode == "complete" else [(1, "a"), (2, "b"), (3, "c")]
+    assert multiset(target_table(local_target)) == multiset(to_arrow(spark.createDataFrame(want, SCHEMA)))
 
 
 def kafka_checkpoint(root: Path, query: str, initial: int | dict[str, int], end: int | dict[str, int]) -> str:
@@ -240,7 +322,8 @@ def test_a_new_replica_from_the_start_of_a_topic_that_gained_a_partition_is_not_
     late = kafka_checkpoint(
         tmp_path / "late", "qb", initial={"0": 0, "1": 0, "2": 5}, end={"0": 120, "1": 90, "2": 9}
     )
-    with pytest.raises(LineageError, match="past the committed source offsets"):
+    skipped = "past the committed source offsets" if mode == "upsert" else "past where the query that built"
+    with pytest.raises(LineageError, match=skipped):
         MVSink(local_target, "k", clock="source_offsets", checkpoint=late, **options)(rows, 0)
     fresh = kafka_checkpoint(
         tmp_path / "b", "qc", initial={"0": 0, "1": 0, "2": 0}, end={"0": 120, "1": 90, "2": 9}

@@ -191,7 +191,7 @@ def test_timestamp_partition_values_name_their_zone_for_readers_outside_utc(spar
     micros = {r[0]: None if r[1] is None else (r[1] - epoch) // dt.timedelta(microseconds=1) for r in rows}
     with session_time_zone(spark, "America/Los_Angeles"):
         desired = spark.createDataFrame(rows, schema)
-        sink = MVSink(target, "stamps", placement=placement)
+        sink = MVSink(target, "stamps", placement=placement, take_over="foreign")
         first = sink(desired, 0)
         # The other writer's row was read at its instant: kept, not retracted and inserted again.
         assert (first.inserted, first.retracted) == (3, 0)
