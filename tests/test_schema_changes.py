@@ -237,17 +237,84 @@ def test_an_epoch_that_fails_before_its_commit_leaves_the_schema_as_it_was(spark
     assert versions(local_target) == [0] and "note" not in columns(local_target)
 
 
-def test_a_dropped_column_that_a_constraint_names_is_refused(spark, local_target):
+@pytest.mark.parametrize(
+    ("column", "constraint"),
+    [("v", "v > 0"), ("größe", "`größe` > 0"), ('q"x', '`q"x` > 0'), ("a-b", "`a-b` > 0")],
+    ids=["plain", "non-ascii", "quote-in-name", "dash"],
+)
+def test_a_dropped_column_that_a_constraint_names_is_refused(spark, local_target, column, constraint):
+    """Whatever quoting the constraint's name needs: delta-rs stores `` `größe` > 0 `` as
+    ``"größe" > 0`` (SQL's double-quoted name)."""
     from deltalake import DeltaTable
 
     from mvsink.table.uris import table_root
 
     sink = MVSink(local_target, "v", schema_changes="evolve")
-    sink(spark.createDataFrame([(1, 2)], "id long, v long"), 0)
-    DeltaTable(table_root(local_target)).alter.add_constraint({"positive": "v > 0"})
+    quoted = "`" + column.replace("`", "``") + "`"
+    sink(spark.createDataFrame([(1, 2)], f"id long, {quoted} long"), 0)
+    DeltaTable(table_root(local_target)).alter.add_constraint({"positive": constraint})
     with pytest.raises(SchemaMismatchError, match=r"constraint delta\.constraints\.positive names it"):
         sink(spark.createDataFrame([(1,)], "id long"), 1)
     assert versions(local_target) == [0, 1]  # the constraint's version; nothing of the sink's
+
+
+@pytest.mark.parametrize("stats", ["s.a", "`s`.`a`", "id, `s`.a", "s"])
+def test_a_dropped_struct_that_the_stats_columns_name_through_a_field_is_refused(spark, local_target, stats):
+    """``delta.dataSkippingStatsColumns`` names columns by path (``s.a``, a field of ``s``),
+    each part backtick-quoted or not: dropping ``s`` would leave it naming nothing."""
+    from deltalake import DeltaTable
+
+    from mvsink.table.uris import table_root
+
+    sink = MVSink(local_target, "v", schema_changes="evolve")
+    sink(spark.createDataFrame([(1, (2, "b"))], "id long, s struct<a: long, b: string>"), 0)
+    DeltaTable(table_root(local_target)).alter.set_table_properties({"delta.dataSkippingStatsColumns": stats})
+    with pytest.raises(
+        SchemaMismatchError, match=r"'s' is dropped, and the table's delta\.dataSkippingStatsColumns"
+    ) as info:
+        sink(spark.createDataFrame([(1,)], "id long"), 1)
+    print(info.value)
+    assert info.value.columns == ("s",) and "Nothing was written" in str(info.value)
+    assert versions(local_target) == [0, 1]  # the property's version; nothing of the sink's
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "rows", "why", "types"),
+    [
+        (
+            "id long, s struct<a: int, b: string>",
+            "id long, s struct<a: int, b: string, c: int>",
+            ((1, (1, "b")), (1, (1, "b", 3))),
+            "adds field s.c inside struct s",
+            "'s' is struct<a:int,b:string> in the target and struct<a:int,b:string,c:int> in desired",
+        ),
+        (
+            "id long, items array<struct<a: int>>",
+            "id long, items array<struct<a: int, c: int>>",
+            ((1, [(1,)]), (1, [(1, 3)])),
+            "adds field items[].c inside struct items[]",
+            "'items' is array<struct<a:int>> in the target and array<struct<a:int,c:int>> in desired",
+        ),
+    ],
+    ids=["struct", "array-of-structs"],
+)
+def test_a_field_added_inside_a_struct_is_refused_saying_so(
+    spark, local_target, before, after, rows, why, types
+):
+    """A schema change adds top-level columns; a field inside a struct (or the structs of an
+    array) is refused with a reason that says so, the types in Spark's own notation."""
+    sink = MVSink(local_target, "v", schema_changes="evolve")
+    sink(spark.createDataFrame([rows[0]], before), 0)
+    with pytest.raises(SchemaMismatchError) as info:
+        sink(spark.createDataFrame([rows[1]], after), 1)
+    print(info.value)
+    message = str(info.value)
+    assert why in message and types in message and "add a top-level column instead" in message
+    assert '{"' not in message and "Nothing was written" in message
+    with pytest.raises(SchemaMismatchError, match="schema_changes is 'refuse'") as info:
+        MVSink(local_target, "v")(spark.createDataFrame([rows[1]], after), 1)
+    assert types.replace(" and ", ", ") in str(info.value) and '{"' not in str(info.value)
+    assert versions(local_target) == [0]
 
 
 def test_upsert_and_append_views_take_an_added_column_and_untouched_rows_keep_null(spark, engine, target):

@@ -6,7 +6,9 @@ Delta table can declare NOT NULL columns and CHECK constraints (``delta.constrai
 in its properties); every Delta writer must refuse rows that break them, or readers answer
 wrong (Spark folds ``col IS NULL`` to false on a NOT NULL column). mvsink enforces both on the
 rows it would store: a row that breaks one is an ``InputError`` naming the rule and the epoch,
-and nothing is committed. As in Delta, a CHECK whose expression is null is broken.
+and nothing is committed. As in Delta, a CHECK whose expression is null is broken. A CHECK is
+evaluated as Spark's SQL, with the names delta-rs stores in SQL's double quotes read as the
+columns they name (``schema.spark_sql``).
 
 Features whose values the sink would have to compute are refused with
 ``UnsupportedTableError`` instead: generated and identity columns, and column invariants.
@@ -27,6 +29,7 @@ from pyspark.sql import functions as F
 from mvsink.errors import InputError, UnsupportedTableError, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import quote
+from mvsink.table.schema import spark_sql
 from mvsink.table.write import RULE as RULE  # re-exported: the rule column is made here
 
 if TYPE_CHECKING:
@@ -122,8 +125,13 @@ def table_rules(snap: Snapshot, where: Where) -> Rules:
             "at a table without them.",
             where,
         )
+    columns = [f["name"] for f in json.loads(snap.schema_json)["fields"]]
     checks = tuple(
-        sorted((k.removeprefix(_CHECK_PREFIX), v) for k, v in config.items() if k.startswith(_CHECK_PREFIX))
+        sorted(
+            (k.removeprefix(_CHECK_PREFIX), spark_sql(v, columns))
+            for k, v in config.items()
+            if k.startswith(_CHECK_PREFIX)
+        )
     )
     return Rules(tuple(not_null), checks)
 

@@ -12,7 +12,11 @@ make (a narrowed or otherwise changed type). ``check_evolution`` holds the rules
 only takes a schema that desired has, with the epoch that writes desired's rows in it (in its
 commit; through delta-rs in upsert and append mode, in a version of its own right before it,
 made once the epoch's files are staged), and never goes back to a schema it left (a replica
-still on the old query is refused, ``schema_digest``).
+still on the old query is refused, ``schema_digest``). Refusals say what a person needs: a
+struct, array or map column that changed, which field inside it did (``_inside``); a dropped
+column, which of the table's rules or settings names it (``named_by_the_table``, reading a
+CHECK constraint as the engine that added it wrote it: ``_sql_tokens``, and ``spark_sql``
+hands it to Spark).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +214,9 @@ class SchemaChange:
     """(column, the target's type, desired's type)."""
     changed: tuple[tuple[str, str, str], ...] = ()
     """Types no change of the table keeps every value of: narrowed, or another type."""
+    nested: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(column, how fields inside it differ) for each changed column that is a struct, array
+    or map in both schemas: ``adds field s.c inside struct s``, ... (``_inside``)."""
 
     def __bool__(self) -> bool:
         return bool(self.added or self.dropped or self.widened or self.changed)
@@ -228,16 +235,49 @@ def schema_change(desired: StructType, schema_json: str) -> SchemaChange:
     have = {f["name"]: f["type"] for f in _relaxed(json.loads(desired.json()))["fields"]}
     widened: list[tuple[str, str, str]] = []
     changed: list[tuple[str, str, str]] = []
+    nested: list[tuple[str, tuple[str, ...]]] = []
     for name in sorted(want.keys() & have.keys()):
         if want[name] != have[name]:
             kind = widened if _widens(want[name], have[name]) else changed
             kind.append((name, _show(want[name]), _show(have[name])))
+            if _kind(want[name]) == _kind(have[name]) != "primitive":
+                nested.append((name, tuple(_inside(want[name], have[name], name))))
     return SchemaChange(
         added=tuple(n for n in desired.names if n not in want),
         dropped=tuple(sorted(want.keys() - have.keys())),
         widened=tuple(widened),
         changed=tuple(changed),
+        nested=tuple(nested),
     )
+
+
+def _kind(t: Any) -> str:
+    """A schema JSON type's kind: ``struct``, ``array``, ``map`` or ``primitive``."""
+    return str(t.get("type")) if isinstance(t, dict) else "primitive"
+
+
+def _inside(old: Any, new: Any, path: str) -> list[str]:
+    """How a nested type differs inside, field by field (``path`` names the field, ``s.a``,
+    ``items[]`` for an array's elements, ``m{value}`` for a map's values): what a reader of
+    the refusal needs rather than two whole types to compare."""
+    kind = _kind(old)
+    if kind != _kind(new) or kind == "primitive":
+        return [] if old == new else [f"changes {path} from {_show(old)} to {_show(new)}"]
+    if kind == "array":
+        return _inside(old["elementType"], new["elementType"], f"{path}[]")
+    if kind == "map":
+        return _inside(old["keyType"], new["keyType"], f"{path}{{key}}") + _inside(
+            old["valueType"], new["valueType"], f"{path}{{value}}"
+        )
+    before = {f["name"]: f["type"] for f in old["fields"]}
+    after = {f["name"]: f["type"] for f in new["fields"]}
+    out = [f"adds field {path}.{n} inside struct {path}" for n in after if n not in before]
+    out += [f"drops field {path}.{n} from struct {path}" for n in before if n not in after]
+    for n in (n for n in before if n in after):
+        out += _inside(before[n], after[n], f"{path}.{n}")
+    if not out and list(before) != list(after):
+        out.append(f"orders the fields of struct {path} otherwise")
+    return out
 
 
 def evolved_schema_json(schema_json: str, desired: StructType) -> str:
@@ -260,21 +300,108 @@ def evolved_schema_json(schema_json: str, desired: StructType) -> str:
 
 def named_by_the_table(schema_json: str, configuration: Mapping[str, str | None]) -> list[tuple[str, str]]:
     """The columns the table's own rules and settings name, with what names them: a NOT NULL
-    column, a CHECK constraint (``delta.constraints.*``, by a word-boundary match of the
-    column's name in its expression: a conservative reading), the statistics columns
-    (``delta.dataSkippingStatsColumns``)."""
+    column, a CHECK constraint (``delta.constraints.*``: a column any name in its expression
+    may be, quoted or not, ``sql_names``: a conservative reading), the statistics columns
+    (``delta.dataSkippingStatsColumns``, a struct column also through one of its fields)."""
     out: list[tuple[str, str]] = []
     fields = json.loads(schema_json)["fields"]
+    columns = [f["name"] for f in fields]
     out += [(f["name"], "NOT NULL constraint") for f in fields if not f.get("nullable", True)]
     for key, value in configuration.items():
         if key.startswith("delta.constraints.") and value:
-            words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", value.lower()))
-            out += [(f["name"], f"constraint {key}") for f in fields if f["name"].lower() in words]
-    stats = {
-        c.strip().strip("`").lower()
-        for c in (configuration.get("delta.dataSkippingStatsColumns") or "").split(",")
-    }
-    out += [(f["name"], "delta.dataSkippingStatsColumns") for f in fields if f["name"].lower() in stats]
+            names = sql_names(value, columns)
+            out += [(c, f"constraint {key}") for c in columns if c.lower() in names]
+    stats = stats_columns(configuration.get("delta.dataSkippingStatsColumns") or "")
+    out += [
+        (c, f"delta.dataSkippingStatsColumns ({stats[c.lower()]})") for c in columns if c.lower() in stats
+    ]
+    return out
+
+
+def stats_columns(value: str) -> dict[str, str]:
+    """The top-level columns a ``delta.dataSkippingStatsColumns`` value names, lowercased (Delta
+    matches names so), each with the entry that names it. An entry is a column's path, its
+    parts separated by dots and backtick-quoted where they need it (a doubled backtick inside
+    is one): ``s.a`` and `` `s`.`a` `` both name column ``s``, through its field ``a``."""
+    out: dict[str, str] = {}
+    for entry in _STATS_ENTRY.findall(value):
+        first = _STATS_FIRST.match(entry)
+        assert first is not None  # the pattern matches any text
+        quoted, bare = first.groups()
+        name = quoted.replace("``", "`") if quoted is not None else bare.strip()
+        if name:
+            out.setdefault(name.lower(), entry.strip())
+    return out
+
+
+_STATS_ENTRY = re.compile(r"(?:`(?:[^`]|``)*`?|[^,`])+")
+_STATS_FIRST = re.compile(r"\s*(?:`((?:[^`]|``)*)`?|([^.]*))")
+
+# A CHECK constraint's text is SQL of the engine that added it. The JVM Delta keeps what its
+# author wrote in Spark's SQL (backtick-quoted names; a double-quoted text is a string);
+# delta-rs parses it and stores it re-rendered in SQL's standard quoting, a name double-quoted
+# where it needs quoting (``"größe"``, ``"Amount"``, ``"q""x"``). Tokens of either, as far as
+# telling names from string literals goes:
+_SQL_TOKEN = re.compile(
+    r"""'(?:[^'\\]|\\.)*'?     # a string literal (Spark's escapes; '' reads as two: alike here)
+      | "(?:[^"]|"")*"?        # a name in SQL's quoting ("" is one "), or Spark's string
+      | `(?:[^`]|``)*`?        # a name in Spark's quoting (`` is one `)
+      | \w+                    # a bare name, keyword or number (any script's letters)
+      | .""",
+    re.VERBOSE | re.DOTALL,
+)
+_SPARK_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+
+
+def _sql_tokens(expression: str, columns: Collection[str]) -> Iterator[tuple[str, str | None]]:
+    """``expression``'s tokens as ``(text, the name it is)``; the name is None for a string
+    literal, a number or an operator. A double-quoted token is a name only if it names one
+    of ``columns`` (as Spark resolves names: case-insensitively), else it is Spark's string
+    literal: so a constraint reads as each engine that may have written it means it."""
+    lowered = {c.lower() for c in columns}
+    pos = 0
+    while pos < len(expression):
+        token = _SQL_TOKEN.match(expression, pos)
+        assert token is not None  # ``.`` matches any character
+        text, name = token.group(), None
+        if text[0] in '`"':
+            name = _unquote(text)
+            if text[0] == '"' and name.lower() not in lowered:
+                token, name = _SPARK_STRING.match(expression, pos), None
+                assert token is not None
+                text = token.group()
+        elif text[0].isalpha() or text[0] == "_":
+            name = text
+        yield text, name
+        pos = token.end()
+
+
+def _unquote(text: str) -> str:
+    quote = text[0]
+    inner = text[1:-1] if len(text) > 1 and text.endswith(quote) else text[1:]
+    return inner.replace(quote * 2, quote)
+
+
+def spark_sql(expression: str, columns: Collection[str]) -> str:
+    """A table's CHECK constraint as Spark's SQL (what ``F.expr`` parses): each name of one of
+    ``columns`` in SQL's double quotes, as delta-rs stores it, in backticks instead (a
+    backtick inside it doubled); the rest as written, string literals included."""
+    return "".join(
+        "`" + name.replace("`", "``") + "`" if name is not None and text[0] == '"' else text
+        for text, name in _sql_tokens(expression, columns)
+    )
+
+
+def sql_names(expression: str, columns: Collection[str]) -> set[str]:
+    """Every name (lowercased) a CHECK constraint's ``expression`` may refer to a column by:
+    bare (in any script), backtick-quoted, or double-quoted (``_sql_tokens``); and, to err
+    on the side of naming, each word inside its string literals."""
+    out: set[str] = set()
+    for text, name in _sql_tokens(expression, columns):
+        if name is not None:
+            out.add(name.lower())
+        elif text[0] in "'\"":
+            out.update(w.lower() for w in re.findall(r"\w+", text))
     return out
 
 
@@ -304,8 +431,13 @@ def check_evolution(
     (not built yet); a column that needs a table feature the table's protocol (``features``)
     lacks; a dropped column that the table's own rules or settings name (``named``: (column,
     what names it)); in upsert and append mode, anything but added nullable columns."""
+    inside = dict(change.nested)
     problems = [
-        f"{c!r} is {a} in the target and {b} in desired, which is not a widening"
+        f"{c!r} is {a} in the target and {b} in desired: desired {'; '.join(inside[c])}; a "
+        "schema change adds, drops and widens top-level columns only, not fields inside a "
+        "struct, array or map: add a top-level column instead"
+        if inside.get(c)
+        else f"{c!r} is {a} in the target and {b} in desired, which is not a widening"
         for c, a, b in change.changed
     ]
     touched = {*change.added, *change.dropped, *(c for c, _, _ in (*change.widened, *change.changed))}
@@ -348,7 +480,15 @@ def check_evolution(
 
 
 def _show(t: Any) -> str:
-    return t if isinstance(t, str) else json.dumps(t, separators=(",", ":"))
+    """A schema JSON type as a person reads it: Delta's name of a primitive type (``long``),
+    Spark's ``simpleString`` of a nested one (``struct<a:int,b:string>``)."""
+    if isinstance(t, str):
+        return t
+    try:
+        field = {"name": "t", "type": t, "nullable": True, "metadata": {}}
+        return StructType.fromJson({"type": "struct", "fields": [field]})["t"].dataType.simpleString()
+    except Exception:  # a type this PySpark does not know: its JSON, rather than no message
+        return json.dumps(t, separators=(",", ":"))
 
 
 CLUSTER_TYPES = _PRIMITIVES

@@ -206,3 +206,78 @@ def test_upsert_keeps_a_table_with_not_null_columns_on_both_placements(spark, lo
     assert sink(changed, 1).outcome == "committed"
     rows = sorted((r["id"], r["name"], r["amount"]) for r in target_table(local_target).to_pylist())
     assert rows == [(i, "b", i + 100.0) for i in range(3)] + [(i, "a", float(i)) for i in range(3, 10)]
+
+
+def _ddl(name: str) -> str:
+    """A view's columns with ``name`` (quoted as Spark's DDL quotes it) between an id and a note."""
+    return "id long, `" + name.replace("`", "``") + "` long, note string"
+
+
+@pytest.mark.parametrize(
+    "name", ["größe", "Amount", 'q"x', "a`b"], ids=["non-ascii", "upper", "quote", "backtick"]
+)
+def test_a_check_on_a_name_that_needs_quoting_is_enforced_as_the_table_states_it(spark, local_target, name):
+    """delta-rs stores a CHECK in SQL's own quoting: `` `größe` > 0 `` as ``"größe" > 0``
+    (``"q""x"`` for ``q"x``), where Spark would read a string compared to 0 and fail every
+    epoch. mvsink reads the names it quotes as the columns they are; a double quote inside a
+    string literal stays in the literal."""
+    quoted = "`" + name.replace("`", "``") + "`"
+    schema = Schema([Field("id", "long"), Field(name, "long"), Field("note", "string")])
+    table = DeltaTable.create(local_target, schema=schema)
+    table.alter.add_constraint({"positive": f"{quoted} > 0 AND note != 'say \"{name}\"'"})
+    stored = DeltaTable(local_target).metadata().configuration["delta.constraints.positive"]
+    assert stored.startswith('"')  # as delta-rs stores it: SQL's quoting, not Spark's
+    sink = MVSink(local_target, "quoted")
+    good = spark.createDataFrame([(1, 5, "ok"), (2, 1, f"say {name}")], _ddl(name))
+    assert sink(good, 0).outcome == "committed"
+    assert_equal_to(local_target, good)
+    before = (versions(local_target), data_files_on_disk(local_target))
+    for bad in ([(3, -1, "ok")], [(3, 1, f'say "{name}"')]):
+        with pytest.raises(InputError, match="CHECK positive"):
+            sink(spark.createDataFrame([(1, 5, "ok"), *bad], _ddl(name)), 1)
+        assert unchanged(local_target, before)
+
+
+def test_rows_breaking_a_quoted_check_go_to_the_errors_table(spark, local_target):
+    """``on_error = "table"`` splits the batch by the same rules, the table's quoted ones too."""
+    table = DeltaTable.create(local_target, schema=Schema([Field("id", "long"), Field("größe", "long")]))
+    table.alter.add_constraint({"positive": "`größe` > 0"})
+    sink = MVSink(local_target, "quoted", on_error="table")
+    sink(spark.createDataFrame([(1, 5), (2, -1)], "id long, `größe` long"), 0)
+    assert multiset(target_table(local_target)) == {(1, 5): 1}
+    assert [(r["id"], r["mvsink_rule"]) for r in target_table(local_target + "_errors").to_pylist()] == [
+        (2, "CHECK positive (`größe` > 0)")
+    ]
+
+
+def test_a_double_quoted_string_in_a_check_the_jvm_delta_stored_stays_a_string(spark, local_target):
+    """The JVM Delta stores a CHECK as its author wrote it, in Spark's SQL, where ``"closed"``
+    is a string: only a double-quoted name of one of the table's columns is read as that
+    column (``schema.spark_sql``)."""
+    DeltaTable.create(local_target, schema=Schema([Field("id", "long"), Field("status", "string")]))
+    _jvm_constraint(local_target, "open", 'status != "closed"')
+    assert DeltaTable(local_target).metadata().configuration["delta.constraints.open"] == 'status != "closed"'
+    sink = MVSink(local_target, "jvm")
+    good = spark.createDataFrame([(1, "open"), (2, "closed?")], "id long, status string")
+    sink(good, 0)
+    assert_equal_to(local_target, good)
+    with pytest.raises(InputError, match="CHECK open"):
+        sink(spark.createDataFrame([(1, "open"), (2, "closed")], "id long, status string"), 1)
+    assert versions(local_target) == [0, 1, 2]
+
+
+def _jvm_constraint(target: str, name: str, expression: str) -> None:
+    """Commit the metadata of a new table (its version 0 holds it) with a CHECK as the JVM
+    Delta's ALTER TABLE ... ADD CONSTRAINT does (the expression's text in
+    ``delta.constraints.<name>``): delta-rs parses and re-renders the expressions it adds, and
+    refuses one whose double quotes are a string."""
+    import time
+
+    dt = DeltaTable(target)
+    version = dt.version() + 1
+    with open(os.path.join(target, "_delta_log", f"{dt.version():020d}.json")) as fh:
+        meta = next(a["metaData"] for a in map(json.loads, fh) if "metaData" in a)
+    meta["configuration"] = {**meta.get("configuration", {}), f"delta.constraints.{name}": expression}
+    info = {"timestamp": int(time.time() * 1000), "operation": "ADD CONSTRAINT"}
+    with open(os.path.join(target, "_delta_log", f"{version:020d}.json"), "x") as fh:
+        fh.write(json.dumps({"commitInfo": info}) + "\n" + json.dumps({"metaData": meta}) + "\n")
