@@ -395,6 +395,17 @@ class View:
     def promote(self, writer: str) -> None:
         self.active = writer
 
+    def handed_over(self) -> None:
+        """modes.md, "A view owns its table": another view takes the table over. Its rows stay
+        as they are for the new view's first commit; the old view's lineages, promotions and
+        tombstones are its own, and the new view starts without them."""
+        self.frontier, self.owner, self.active = None, None, None
+        self.seen, self.own, self.tombstones = set(), {}, {}
+
+    def forget_foreign(self) -> None:
+        """The foreign table a view did not take is gone (the test removes it)."""
+        self.rows, self.muddled, self.highest = [], set(), {}
+
     # --- comparing ------------------------------------------------------------------------
 
     def visible(self, rows: Iterable[Row]) -> Counter[Row]:

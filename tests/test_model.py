@@ -18,7 +18,12 @@ and/or a sequence column of type long or double), then its steps:
   promotions (``sink.promote()`` or the CLI), failback included; a sink asking for another
   partitioning (``ConfigError``);
 - another writer's appends and deletes (delta-rs directly), and compaction (the function or
-  the CLI).
+  the CLI);
+- redeployments (docs/modes.md, "A view owns its table"): an upsert view keyed otherwise, a
+  query with another schema (refused when they would commit, left alone when they skip), a
+  renamed view (refused), then taking the table over on purpose (the old view's sinks
+  refused from then on), and a table another tool wrote before the view's first commit,
+  refused and then taken over with ``take_over="foreign"``.
 
 After every step the table (delta-rs reading it) must equal the model as a multiset (NaN equal
 to NaN, None a value) and the frontier must be the model's. Every epoch's answer (committed,
@@ -51,7 +56,17 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from mvsink import ConfigError, InputError, LineageError, MVSink, MVSinkError, frontier
+from mvsink import (
+    ConfigError,
+    IdentityChangedError,
+    InputError,
+    LineageError,
+    MVSink,
+    MVSinkError,
+    SchemaMismatchError,
+    TableHeldError,
+    frontier,
+)
 from mvsink.cli.main import main
 from mvsink.ops.compact import compact
 from tests.helpers import target_table, versions
@@ -108,6 +123,8 @@ class SinkModel(RuleBasedStateMachine):
         """The batch each (lineage, epoch) committed: what a replay of it runs again."""
         self.last: Handle | None = None
         """The sink that committed last: the one that moves the view on."""
+        self.name = NAME
+        """The view holding the table (another after a takeover by a second view)."""
 
     def teardown(self) -> None:
         if self.view is not None:
@@ -192,7 +209,7 @@ class SinkModel(RuleBasedStateMachine):
             allow_gaps=bool(options["allow_gaps"]),
             as_of=int(options.get("as_of", 0)),
         )
-        handle = Handle(name, model, options, MVSink(self.target, NAME, **options))
+        handle = Handle(name, model, options, MVSink(self.target, self.name, **options))
         self.handles.append(handle)
         return handle
 
@@ -267,13 +284,23 @@ class SinkModel(RuleBasedStateMachine):
     # --- one epoch ----------------------------------------------------------------------------
 
     def _run(
-        self, h: Handle, epoch: int, batch: list[Row], *, refused: type[Exception] | None = None
+        self,
+        h: Handle,
+        epoch: int,
+        batch: list[Row],
+        *,
+        refused: type[Exception] | None = None,
+        extra: bool = False,
     ) -> str | BaseException:
-        """Run ``epoch`` of ``h`` with ``batch`` and check its answer against the model's."""
+        """Run ``epoch`` of ``h`` with ``batch`` (with a column more when ``extra``: a query
+        whose schema changed) and check its answer against the model's."""
         view = self._view()
         answers = view.expect(h.model, epoch, batch, refused=refused)
         before = self._versions()
-        df = self.spark.createDataFrame(batch, self.ddl)
+        if extra:
+            df = self.spark.createDataFrame([(*r, "x") for r in batch], self.ddl + ", extra string")
+        else:
+            df = self.spark.createDataFrame(batch, self.ddl)
         result: str | BaseException
         report = None
         try:
@@ -308,7 +335,7 @@ class SinkModel(RuleBasedStateMachine):
                 f"{_describe(result)} at epoch {epoch} wrote versions {after[len(before) :]}"
             )
         # replicas.md: a standby's reports show the corrections it would make.
-        if result == "read_only":
+        if result == "read_only" and not extra:  # (a standby whose desired does not fit plans nothing)
             assert report is not None
             figures = view.correction(batch, whole=report.whole)
             if figures is not None:
@@ -331,7 +358,7 @@ class SinkModel(RuleBasedStateMachine):
         """A new MVSink object with the same options: a query restarted from its checkpoint."""
         if restart:
             self.tally["restarts"] += 1
-            handle.sink = MVSink(self.target, NAME, **handle.options)
+            handle.sink = MVSink(self.target, self.name, **handle.options)
             handle.model.read_only = bool(handle.options.get("read_only"))
 
     def _step(self, what: str) -> None:
@@ -432,8 +459,98 @@ class SinkModel(RuleBasedStateMachine):
         self._step("other partitioning")
         handle = self._handle(h)
         options = {**handle.options, "partition_by": ["k"]}
-        other = Handle(handle.name, handle.model, options, MVSink(self.target, NAME, **options), handle.next)
+        other = Handle(handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next)
         self._run(other, other.next, self._batch(rows, None), refused=ConfigError)
+
+    # --- rules: redeployments -----------------------------------------------------------------
+
+    @precondition(lambda self: self.view is not None and self.view.exists and self.shape.mode == "upsert")
+    @rule(h=HANDLE, rows=ROWS)
+    def a_sink_is_redeployed_with_another_key(self, h: int, rows: list[tuple[Any, ...]]) -> None:
+        """modes.md: a sink of an upsert view keyed otherwise is refused whenever it would
+        commit (``IdentityChangedError``); one that only skips writes nothing."""
+        self._step("redeploy: another key")
+        handle = self._handle(h)
+        options = {**handle.options, "key": ["k"] if self.shape.composite else ["k", "p"]}
+        other = Handle(handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next)
+        self._run(other, other.next, self._batch(rows, None), refused=IdentityChangedError)
+
+    @precondition(lambda self: self.view is not None and self.view.exists)
+    @rule(h=HANDLE, rows=ROWS)
+    def a_sink_is_redeployed_with_another_schema(self, h: int, rows: list[tuple[Any, ...]]) -> None:
+        """modes.md: a query with a column more is refused whenever it would commit
+        (``schema_changes`` is ``refuse``); one that only skips is left alone."""
+        self._step("redeploy: another schema")
+        handle = self._handle(h)
+        other = Handle(handle.name, handle.model, handle.options, MVSink(self.target, self.name, **handle.options), handle.next)
+        self._run(other, other.next, self._batch(rows, None), refused=SchemaMismatchError, extra=True)
+
+    @precondition(lambda self: self.view is not None and self.view.exists and self.name == NAME)
+    @rule(rows=ROWS, old=ROWS)
+    def a_second_view_takes_the_table_over(self, rows: list[tuple[Any, ...]], old: list[tuple[Any, ...]]) -> None:
+        """A renamed view is refused (modes.md: a view never writes a table another view
+        holds); taking the table on purpose (``take_over``), its first epoch commits on the
+        rows as they are, and every sink of the old view is refused from then on when it would
+        commit (a skip writes nothing)."""
+        self._step("redeploy: a second view takes over")
+        view, old_name = self._view(), self.name
+        before = self._versions()
+        renamed = {**self.common, "lineage": "T", "writer": "w-T"}
+        with pytest.raises(TableHeldError):
+            MVSink(self.target, f"{NAME}2", **renamed)(self.spark.createDataFrame(self._batch(rows, None), self.ddl), 0)
+        assert self._versions() == before
+        view.handed_over()
+        self.name = f"{NAME}2"
+        previous = self.handles
+        self.handles, self.batches, self.last = [], {}, None
+        self.primary = self._add("primary2", lineage="T", writer="w-T", take_over=old_name)
+        result = self._run(self.primary, 0, self._batch(rows, None))
+        assert result == "committed", f"the takeover answered {_describe(result, full=True)}"
+        for h in previous:
+            before = self._versions()
+            df = self.spark.createDataFrame(self._batch(old, None), self.ddl)
+            try:
+                outcome: str | BaseException = h.sink(df, h.next).outcome
+            except (TableHeldError, LineageError) as exc:
+                outcome = exc
+            assert isinstance(outcome, BaseException) or outcome in (
+                "replay",
+                "fenced",
+                "read_only",
+                "before_as_of",
+            ), f"{h.name} of the old view answered {outcome} after the takeover"
+            assert self._versions() == before
+
+    @precondition(
+        lambda self: self.view is not None and not self.view.exists and not self._versions()
+    )
+    @rule(foreign=FOREIGN_ROWS, rows=ROWS)
+    def a_foreign_table_is_refused_then_adopted(self, foreign: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
+        """Another tool wrote a table with the view's columns before the view's first commit:
+        the view refuses it (``TableHeldError``), then takes it with ``take_over="foreign"``."""
+        self._step("redeploy: a foreign table adopted")
+        stored = self._stored(foreign)
+        types = {"k": pa.int64(), "v": pa.float64(), "p": pa.string()}
+        types["seq"] = pa.float64() if self.seq_type == "double" else pa.int64()
+        columns = self.shape.stored_columns
+        schema = pa.schema([(c, types[c]) for c in columns])
+        write_deltalake(
+            self.target,
+            pa.Table.from_pylist([dict(zip(columns, r, strict=True)) for r in stored], schema=schema),
+            partition_by=["p"] if self.shape.partitioned else None,
+        )
+        h = self.primary
+        batch = self._batch(rows, None)
+        before = self._versions()
+        with pytest.raises((TableHeldError, LineageError)):
+            h.sink(self.spark.createDataFrame(batch, self.ddl), h.next)
+        assert self._versions() == before
+        self._view().foreign_append(stored)
+        h.options = {**h.options, "take_over": "foreign"}
+        h.sink = MVSink(self.target, self.name, **h.options)
+        if self._run(h, h.next, batch) != "committed":
+            shutil.rmtree(self.target)  # not taken: the foreign table goes, as if never made
+            self._view().forget_foreign()
 
     @precondition(lambda self: self._named("standby") is None)
     @rule(same_lineage=st.booleans())
@@ -455,7 +572,7 @@ class SinkModel(RuleBasedStateMachine):
         handle = self._handle(h)
         writer = handle.model.writer
         view = self._view()
-        command = ["promote", self.target, "--name", NAME, "--writer", writer]
+        command = ["promote", self.target, "--name", self.name, "--writer", writer]
         if not view.exists:
             if cli:
                 assert main(command) == 2
@@ -504,9 +621,9 @@ class SinkModel(RuleBasedStateMachine):
         self._step("compact")
         before = self._versions()
         if cli:
-            assert main(["compact", self.target, "--name", NAME, "--max-rows-per-file", "40"]) == 0
+            assert main(["compact", self.target, "--name", self.name, "--max-rows-per-file", "40"]) == 0
         else:
-            compact(self.target, NAME, max_rows_per_file=40)
+            compact(self.target, self.name, max_rows_per_file=40)
         self.tally["compactions that merged files"] += len(self._versions()) - len(before)
 
     # --- after every step --------------------------------------------------------------------------
@@ -524,7 +641,7 @@ class SinkModel(RuleBasedStateMachine):
         got = view.visible(tuple(r[c] for c in columns) for r in table.select(columns).to_pylist())
         want = view.visible(view.rows)
         assert got == want, f"the table differs from the model: extra {got - want}, missing {want - got}"
-        assert frontier(self.target, NAME) == view.frontier
+        assert frontier(self.target, self.name) == view.frontier
 
 
 def _describe(result: str | BaseException, *, full: bool = False) -> str:
