@@ -303,7 +303,9 @@ def test_a_new_query_from_latest_beside_a_view_that_is_behind_is_refused(
 
 
 @pytest.mark.parametrize("clock", ["batch_id", "source_offsets"])
-def test_a_complete_redeploy_from_latest_on_a_quiet_topic_is_refused(spark, kafka, tmp_path, local_target, clock):
+def test_a_complete_redeploy_from_latest_on_a_quiet_topic_is_refused(
+    spark, kafka, tmp_path, local_target, clock
+):
     """A redeploy that lost its checkpoint, on a quiet topic, with Kafka's default
     startingOffsets=latest: its aggregate would be of the records produced after it started.
     It used to replace the whole view with it at its second epoch; it is refused before

@@ -459,7 +459,9 @@ class SinkModel(RuleBasedStateMachine):
         self._step("other partitioning")
         handle = self._handle(h)
         options = {**handle.options, "partition_by": ["k"]}
-        other = Handle(handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next)
+        other = Handle(
+            handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next
+        )
         self._run(other, other.next, self._batch(rows, None), refused=ConfigError)
 
     # --- rules: redeployments -----------------------------------------------------------------
@@ -472,7 +474,9 @@ class SinkModel(RuleBasedStateMachine):
         self._step("redeploy: another key")
         handle = self._handle(h)
         options = {**handle.options, "key": ["k"] if self.shape.composite else ["k", "p"]}
-        other = Handle(handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next)
+        other = Handle(
+            handle.name, handle.model, options, MVSink(self.target, self.name, **options), handle.next
+        )
         self._run(other, other.next, self._batch(rows, None), refused=IdentityChangedError)
 
     @precondition(lambda self: self.view is not None and self.view.exists)
@@ -482,12 +486,20 @@ class SinkModel(RuleBasedStateMachine):
         (``schema_changes`` is ``refuse``); one that only skips is left alone."""
         self._step("redeploy: another schema")
         handle = self._handle(h)
-        other = Handle(handle.name, handle.model, handle.options, MVSink(self.target, self.name, **handle.options), handle.next)
+        other = Handle(
+            handle.name,
+            handle.model,
+            handle.options,
+            MVSink(self.target, self.name, **handle.options),
+            handle.next,
+        )
         self._run(other, other.next, self._batch(rows, None), refused=SchemaMismatchError, extra=True)
 
     @precondition(lambda self: self.view is not None and self.view.exists and self.name == NAME)
     @rule(rows=ROWS, old=ROWS)
-    def a_second_view_takes_the_table_over(self, rows: list[tuple[Any, ...]], old: list[tuple[Any, ...]]) -> None:
+    def a_second_view_takes_the_table_over(
+        self, rows: list[tuple[Any, ...]], old: list[tuple[Any, ...]]
+    ) -> None:
         """A renamed view is refused (modes.md: a view never writes a table another view
         holds); taking the table on purpose (``take_over``), its first epoch commits on the
         rows as they are, and every sink of the old view is refused from then on when it would
@@ -497,7 +509,9 @@ class SinkModel(RuleBasedStateMachine):
         before = self._versions()
         renamed = {**self.common, "lineage": "T", "writer": "w-T"}
         with pytest.raises(TableHeldError):
-            MVSink(self.target, f"{NAME}2", **renamed)(self.spark.createDataFrame(self._batch(rows, None), self.ddl), 0)
+            MVSink(self.target, f"{NAME}2", **renamed)(
+                self.spark.createDataFrame(self._batch(rows, None), self.ddl), 0
+            )
         assert self._versions() == before
         view.handed_over()
         self.name = f"{NAME}2"
@@ -521,11 +535,11 @@ class SinkModel(RuleBasedStateMachine):
             ), f"{h.name} of the old view answered {outcome} after the takeover"
             assert self._versions() == before
 
-    @precondition(
-        lambda self: self.view is not None and not self.view.exists and not self._versions()
-    )
+    @precondition(lambda self: self.view is not None and not self.view.exists and not self._versions())
     @rule(foreign=FOREIGN_ROWS, rows=ROWS)
-    def a_foreign_table_is_refused_then_adopted(self, foreign: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]) -> None:
+    def a_foreign_table_is_refused_then_adopted(
+        self, foreign: list[tuple[Any, ...]], rows: list[tuple[Any, ...]]
+    ) -> None:
         """Another tool wrote a table with the view's columns before the view's first commit:
         the view refuses it (``TableHeldError``), then takes it with ``take_over="foreign"``."""
         self._step("redeploy: a foreign table adopted")

@@ -15,10 +15,11 @@ Before anything is staged, a sink about to commit checks both (``check``), in th
    row and no other view's frontier. Otherwise it is another view's (a renamed job, a second
    view) or a foreign table (rows another tool wrote): ``TableHeldError``, unless the option
    ``take_over`` names that holder; then this commit takes it, and says so.
-2. An upsert sink's identity is the one the table records for the view, or none is recorded. A different key or sequence would make the stored rows
-   versions of another key (re-keyed by ``v`` after ``id``, an upsert deletes every row
-   sharing a ``v``): ``IdentityChangedError`` naming both, unless ``take_over`` names this
-   view (a deliberate re-keying).
+2. An upsert sink's identity is the one the table records for the view, or none is
+   recorded. A different key or sequence would make the stored rows versions of another key
+   (re-keyed by ``v`` after ``id``, an upsert deletes every row sharing a ``v``):
+   ``IdentityChangedError`` naming both, unless ``take_over`` names this view (a deliberate
+   re-keying).
 
 A sink that only skips (a replay, a standby, a fenced lineage) never checks: it writes nothing.
 Two views racing for a table that neither holds both pass here, and the strict commit lets one

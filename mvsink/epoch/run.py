@@ -1,7 +1,7 @@
 """One epoch, top to bottom: the attempt loop of a sink's call, the stages of ``mvsink.epoch``
 (its doc has the diagram and the invariants) in order::
 
-    snapshot -> decide -> (Skip: drain, report) | plan -> stage -> commit -> report
+    snapshot -> decide -> (Skip: drain, report) | holder -> layout -> plan -> stage -> commit -> report
                                                                    (Lost: discard, back off, again)
 
 A commit's outcome is a value (``table/delta.append``: ``Landed`` or ``Lost``), or an error when
@@ -29,12 +29,12 @@ from pyspark.sql import DataFrame
 from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, spark_reason
 from mvsink.config import RetryPolicy, SinkOptions
+from mvsink.epoch import holder
 from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time, query_start
 from mvsink.epoch.clock import transactions as clock_transactions
-from mvsink.epoch import holder
 from mvsink.epoch.decide import Clocked, Commit, Skip, decide
 from mvsink.epoch.holder import Holding
-from mvsink.epoch.lineage import DIRECT, Lineage, Writers, lineage_of
+from mvsink.epoch.lineage import DIRECT, Lineage, lineage_of
 from mvsink.epoch.mint import BatchDescription
 from mvsink.epoch.query import check_output_mode, running_query
 from mvsink.errors import (
@@ -426,7 +426,11 @@ class Epoch:
             try:
                 layout = self.layout(snap)
             except SchemaMismatchError as exc:
-                log.warning("%s: a standby whose desired does not fit the table plans nothing: %s", self.where, exc.message)
+                log.warning(
+                    "%s: a standby whose desired does not fit the table plans nothing: %s",
+                    self.where,
+                    exc.message,
+                )
             else:
                 plan = self.mode.plan(snap, layout)
         if plan is not None and plan.inserted is None and is_dataframe(plan.inserts):

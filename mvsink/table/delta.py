@@ -628,7 +628,9 @@ def add_columns(
     props = CommitProperties(
         custom_metadata={**metadata, record.ATTEMPT: attempt_id},
         max_commit_retries=0,
-        app_transactions=[Transaction(k, v, int(time.time() * 1000)) for k, v in (transactions or {}).items()],
+        app_transactions=[
+            Transaction(k, v, int(time.time() * 1000)) for k, v in (transactions or {}).items()
+        ],
     )
     turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if is_local(snap.root):

@@ -183,7 +183,9 @@ def test_an_upsert_batch_starting_past_the_committed_offsets_is_refused(spark, t
     assert ok(rows, 3).outcome == "committed"
 
 
-def test_a_complete_query_that_did_not_start_at_its_sources_beginning_is_refused(spark, tmp_path, local_target):
+def test_a_complete_query_that_did_not_start_at_its_sources_beginning_is_refused(
+    spark, tmp_path, local_target
+):
     # A replica or a redeploy started from later offsets (Kafka's startingOffsets=latest): its
     # aggregate lacks what came before its start, so committing it would drop that from the
     # view. Past the committed offsets, at them (a redeploy on a quiet topic: its first batch
@@ -233,14 +235,19 @@ def test_a_complete_view_whose_query_began_past_offset_0_goes_on_and_so_does_a_r
     assert sink(rows[0], 0).outcome == "committed"
     assert sink(rows[1], 1).outcome == "committed"
     replica = kafka_checkpoint(tmp_path / "b", "qb", initial=5, end=10)
-    assert MVSink(local_target, "c", clock="source_offsets", checkpoint=replica)(rows[2], 0).outcome == "committed"
+    assert (
+        MVSink(local_target, "c", clock="source_offsets", checkpoint=replica)(rows[2], 0).outcome
+        == "committed"
+    )
     later = kafka_checkpoint(tmp_path / "c", "qc", initial=6, end=11)
     with pytest.raises(LineageError, match="past where the query that built the view did"):
         MVSink(local_target, "c", clock="source_offsets", checkpoint=later)(rows[3], 0)
     assert multiset(target_table(local_target)) == multiset(to_arrow(rows[2]))
 
 
-def test_a_new_lineage_of_a_complete_view_is_refused_when_its_query_started_late(spark, tmp_path, local_target):
+def test_a_new_lineage_of_a_complete_view_is_refused_when_its_query_started_late(
+    spark, tmp_path, local_target
+):
     """The batch_id clock: a new checkpoint is a new lineage that takes a complete view over
     (on_new_lineage defaults to adopt). One whose query started from later offsets is refused,
     read from its checkpoint; the view's first commit is not (there is nothing to lose)."""
@@ -257,7 +264,9 @@ def test_a_new_lineage_of_a_complete_view_is_refused_when_its_query_started_late
 
 
 @pytest.mark.parametrize("mode", ["complete", "upsert"])
-def test_offsets_that_go_back_within_a_query_are_refused_at_the_first_such_epoch(spark, tmp_path, local_target, mode):
+def test_offsets_that_go_back_within_a_query_are_refused_at_the_first_such_epoch(
+    spark, tmp_path, local_target, mode
+):
     """A topic deleted and made again under failOnDataLoss=false: the query's offsets go back.
     Every later epoch would be behind the committed offsets (a replay) and the view would stop
     moving; the first such epoch is an error naming the reset and the way on, which works."""

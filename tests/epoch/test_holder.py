@@ -13,7 +13,7 @@ from mvsink import IdentityChangedError, MVSink, TableHeldError, status
 from mvsink.table.log import commit_info
 from mvsink.table.record import HOLDER, Keys, holder_tag
 from tests.helpers import assert_equal_to, store, target_table, versions
-from tests.test_sink import frame, people
+from tests.test_sink import people
 
 pytestmark = pytest.mark.usefixtures("engine")
 
@@ -71,7 +71,16 @@ def test_a_second_view_on_a_held_table_is_refused_and_status_names_the_holder(sp
 
 def test_an_empty_table_a_platform_made_is_the_first_view_to_commit(spark, local_target):
     target = local_target
-    write_deltalake(target, pa.table({"id": pa.array([], pa.int64()), "name": pa.array([], pa.string()), "x": pa.array([], pa.float64())}))
+    write_deltalake(
+        target,
+        pa.table(
+            {
+                "id": pa.array([], pa.int64()),
+                "name": pa.array([], pa.string()),
+                "x": pa.array([], pa.float64()),
+            }
+        ),
+    )
     desired = people(spark, range(4))
     MVSink(target, "v")(desired, 0)
     assert_equal_to(target, desired)
@@ -133,7 +142,9 @@ def test_an_upsert_view_redeployed_with_another_key_is_refused_naming_both(
     assert f"key {before['key']}" in message and f"key {after['key']}" in message
     assert versions(target) == [0] and target_table(target).equals(held)
     # A deliberate re-keying: one deployment with take_over naming the view itself.
-    MVSink(target, "u", mode="upsert", placement=placement, take_over="u", **after)(_events(spark, [(4, 11, 2)]), 1)
+    MVSink(target, "u", mode="upsert", placement=placement, take_over="u", **after)(
+        _events(spark, [(4, 11, 2)]), 1
+    )
     info1 = commit_info(store(target), 1)
     assert info1 is not None and "took the table over from view u under key" in info1["userMetadata"]
     MVSink(target, "u", mode="upsert", placement=placement, **after)(_events(spark, [(5, 12, 3)]), 2)

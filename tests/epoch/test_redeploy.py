@@ -68,7 +68,9 @@ def test_sinks_on_the_old_query_that_only_skip_are_left_alone(spark, local_targe
         held = versions(target)
         old = MVSink(target, "v", mode="upsert", key=["id"], schema_changes=schema_changes, lineage="q")
         assert old(old_rows(spark, range(3)), 0).outcome == "replay"
-        standby = MVSink(target, "v", mode="upsert", key=["id"], schema_changes=schema_changes, lineage="q", read_only=True)
+        standby = MVSink(
+            target, "v", mode="upsert", key=["id"], schema_changes=schema_changes, lineage="q", read_only=True
+        )
         assert standby(old_rows(spark, range(3)), 7).outcome == "read_only"
         assert versions(target) == held
 
