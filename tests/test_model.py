@@ -335,7 +335,9 @@ class SinkModel(RuleBasedStateMachine):
                 f"{_describe(result)} at epoch {epoch} wrote versions {after[len(before) :]}"
             )
         # replicas.md: a standby's reports show the corrections it would make.
-        if result == "read_only" and not extra:  # (a standby whose desired does not fit plans nothing)
+        # (A standby redeployed otherwise plans by its own options, or nothing if its desired
+        # does not fit the table: its figures are not the view's.)
+        if result == "read_only" and refused is None:
             assert report is not None
             figures = view.correction(batch, whole=report.whole)
             if figures is not None:
