@@ -343,6 +343,7 @@ def test_a_complete_redeploy_from_latest_on_a_quiet_topic_is_refused(
     assert multiset(target_table(local_target)) == revenue_of(spark, kafka, topic, ends(kafka, topic))
 
 
+@pytest.mark.newest_line  # the reset is the broker's and the clock's, the same on every Spark line
 def test_a_topic_made_again_under_the_query_is_an_error_at_its_first_epoch_and_a_new_checkpoint_takes_over(
     spark, kafka, tmp_path, local_target
 ):

@@ -162,7 +162,7 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     target = str(tmp_path / "made-by-spark")
     spark.sql(f"CREATE TABLE delta.`{target}` ({SCHEMA}) USING delta {ddl}")
     view(spark, range(0, 5), tag="spark").write.format("delta").mode("append").save(target)
-    sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0, writer="blue")
+    sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0, writer="blue", take_over="foreign")
     wanted = {}
     for epoch, (ids, tag) in enumerate([(range(0, 20), ""), (range(3, 25), "b"), (range(3, 25), "b")]):
         if epoch == 2:
@@ -929,7 +929,7 @@ def test_a_column_mapped_table_is_written_by_its_physical_names(spark, tmp_path,
     spark.sql(f"ALTER TABLE delta.`{target}` RENAME COLUMN st.b TO c")
     cols = ["id", "label", "st", "day"]
     assert spark_rows(spark, target, cols=cols) == multiset(to_arrow(desired(range(0, 30), "")), cols)
-    sink = MVSink(target, "v", partition_by=["day"], max_rows_per_file=8, heartbeat=0)
+    sink = MVSink(target, "v", partition_by=["day"], max_rows_per_file=8, heartbeat=0, take_over="foreign")
     wanted = {}
     for epoch, (ids, tag) in enumerate([(range(0, 30), ""), (range(5, 40), "x")]):
         report = sink(desired(ids, tag), epoch)
@@ -984,7 +984,7 @@ def test_a_vector_keeps_the_files_exact_bounds_and_a_vacuumed_vector_is_never_co
     extreme = "99999999999999999999.999999999999999999"
     rows = f"SELECT id, IF(id = 0, {extreme}BD, CAST(id AS DECIMAL(38,18))) AS d FROM range({{}})"
     spark.sql(rows.format(6)).coalesce(1).write.format("delta").mode("append").save(target)
-    sink = MVSink(target, "v", heartbeat=0)
+    sink = MVSink(target, "v", heartbeat=0, take_over="foreign")  # a table Spark wrote
     assert sink(spark.sql(rows.format(6)), 0).retracted == 0
     report = sink(spark.sql(rows.format(5)), 1)  # id 5 goes: a vector on the one file
     assert report.retracted == 1 and report.files_added == 1
