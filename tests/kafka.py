@@ -68,7 +68,8 @@ def kafka_broker(jars: str, folder: Path) -> Iterator[str]:
     cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     with open(log, "wb") as out:
         subprocess.run(
-            [*java, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(config)],
+            # (one argument: a cluster id may start with "-", which a separate one reads as a flag)
+            [*java, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             check=True,

@@ -157,6 +157,9 @@ class Snapshot:
     _table: Any = field(default=None, repr=False, compare=False)
     _jvm: Any = field(default=None, repr=False, compare=False)
     """The session's JVM Delta when it commits to this table (``jvm_delta``), else None."""
+    _txns: dict[str, int | None] = field(default_factory=dict, repr=False, compare=False)
+    """App transactions read so far: delta-rs reads the log for each (5-15 ms a call on a
+    table 60 versions past its checkpoint), and an epoch asks for a dozen."""
 
     @property
     def deletion_vectors(self) -> bool:
@@ -204,8 +207,10 @@ class Snapshot:
         """The version the app transaction ``app_id`` records in this snapshot, or None."""
         if self._table is None:
             return None
-        found = self._table.transaction_version(app_id)
-        return None if found is None else int(found)
+        if app_id not in self._txns:
+            found = self._table.transaction_version(app_id)
+            self._txns[app_id] = None if found is None else int(found)
+        return self._txns[app_id]
 
 
 def load_snapshot(
@@ -648,7 +653,7 @@ def add_columns(
             return Lost(lost.message)
     _maintain_log(snap, version, where)
     table.load_as_version(version)
-    return replace(snap, version=version, schema_json=table.schema().to_json())
+    return replace(snap, version=version, schema_json=table.schema().to_json(), _txns={})
 
 
 def append(snap: Snapshot, log_files: LogFiles, **commit: Any) -> Landed | Lost:
