@@ -37,6 +37,7 @@ import logging
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
@@ -104,13 +105,20 @@ class Complete:
             # Not before a schema change lands: the index of the table's current layout, which
             # its other writers read, is not this epoch's to sweep.
             self.index.sweep_once(self.stored, snap, ctx.where)
-        if ctx.placement(snap) == "distributed" or not self._collect(layout, rules):
+        if ctx.placement(snap) == "distributed":
+            return self._plan_distributed(snap, layout, rules)
+        with ctx.phase("index"):
+            # Before desired's fingerprints come: a restarted sink reads and packs every entry
+            # while the driver holds nothing else of the view, so its peak is a steady
+            # epoch's (measured at 10M rows: 64.7 bytes a view row when it came after them).
+            ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
+            self.index.persisted(snap.files)
+            give_back_memory()  # entries read into Arrow are packed into numpy now
+        if not self._collect(layout, rules):
+            self.index.clear()  # a view too big for the driver: the index is not held for it
             return self._plan_distributed(snap, layout, rules)
         assert self.fps is not None
-        with ctx.phase("index"):
-            ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
-            persisted = self.index.persisted(snap.files)
-            give_back_memory()  # entries read into Arrow are packed into numpy now
+        persisted = self.index.persisted(snap.files)  # packed above: views, nothing copied
         with ctx.phase("diff"):
             corr = diff(self.fps, persisted)
             del persisted
@@ -133,8 +141,8 @@ class Complete:
         whatever reads them: the batch is cached with the fingerprints of the first layout it
         is hashed for, so the collect and the fetch of the rows to insert read them and never
         hash again. A batch the caller cached is used as it is (and left cached), hashed at
-        each scan (the fetch then hashes every row again: at 10M rows, 1.4-1.9 s, where a
-        second cache of it cost 3.5 s more); so is the cache for a layout changed between
+        each scan (the fetch then hashes every row's first lane again, ``_fetch``: a second
+        cache cost more, 3.5 s at 10M rows); so is the cache for a layout changed between
         attempts."""
         if self.hashed is None or self.hashed[0] != layout:
             if self.hashed is not None:  # the table's layout changed between attempts
@@ -246,7 +254,8 @@ class Complete:
     def _fetch(self, corr: Correction) -> tuple[pa.Table, I64, I64] | None:
         """The desired rows ``corr`` inserts, with their fingerprints, on the driver: found in
         the cache by fingerprint (at most ``DRIVER_INSERT_ROWS``, their fingerprints
-        broadcast), and of each fingerprint as many copies as ``corr`` inserts (``_copies``).
+        broadcast; in the caller's cache, which holds no fingerprints, by the first lane),
+        and of each fingerprint as many copies as ``corr`` inserts (``_copies``).
         When every wanted fingerprint is inserted whole, every desired copy of each comes;
         when desired holds more copies of some than the diff inserts, one copy of each wanted
         fingerprint comes (equal rows) and is repeated, so no more rows reach the driver than
@@ -262,15 +271,27 @@ class Complete:
         if corr.inserted > DRIVER_INSERT_ROWS or not ctx.limit.fits(keys, long_row_bytes(2)):
             return None
         wanted = hashed
+        columns = [F.col(quote(c)) for c in layout.struct.names]
         if keys:
             want_a, want_b, _ = corr.insert_keys()
-            fps = pa.table({FP_A: want_a, FP_B: want_b})
-            fps_df = from_arrow(ctx.batch.sparkSession, fps, f"{FP_A} long, {FP_B} long")
-            wanted = hashed.join(F.broadcast(fps_df), [FP_A, FP_B], "left_semi")
+            spark = ctx.batch.sparkSession
+            if self.ours:  # the cache holds the fingerprints: found by both lanes
+                fps = pa.table({FP_A: want_a, FP_B: want_b})
+                fps_df = from_arrow(spark, fps, f"{FP_A} long, {FP_B} long")
+                wanted = hashed.join(F.broadcast(fps_df), [FP_A, FP_B], "left_semi")
+            else:
+                # The caller's cache holds the rows only: every row's first lane is hashed to
+                # find them, the second only for the rows found (half the hashing: for 24
+                # columns, most of the fetch); a row found whose second lane is not wanted (a
+                # 64-bit collision) is left out on the driver (``_among``).
+                assert self.cached is not None
+                lane_a, lane_b = spark_lanes(layout.struct)
+                firsts = from_arrow(spark, pa.table({FP_A: np.unique(want_a)}), f"{FP_A} long")
+                found = self.cached.select(*columns, lane_a).join(F.broadcast(firsts), FP_A, "left_semi")
+                wanted = found.select(*columns, FP_A, lane_b)
             if len(corr.part_a):  # duplicated rows: a shuffle of the wanted rows only
                 wanted = wanted.dropDuplicates([FP_A, FP_B])
         with ctx.phase("fetch"):
-            columns = [F.col(quote(c)) for c in layout.struct.names]
             table = ctx.limit.collect(wanted.select(*columns, FP_A, FP_B))
         if table is None:
             log.warning(
@@ -279,6 +300,11 @@ class Complete:
             )
             return None
         got = Fingerprints(_lane(table, FP_A), _lane(table, FP_B))
+        if keys and not self.ours:
+            wanted_rows = _among(got, *corr.insert_keys()[:2])
+            if not wanted_rows.all():
+                table = table.filter(pa.array(wanted_rows))
+                got = Fingerprints(got.a[wanted_rows], got.b[wanted_rows])
         keep = _copies(got, corr)
         if keep is None:
             # The cache was computed again (a lost executor, an evicted block) and gave other
@@ -413,6 +439,23 @@ def _copies(got: Fingerprints, corr: Correction) -> I64 | None:
     own = order[rank < np.repeat(np.minimum(came, need), came)]
     again = np.repeat(order[starts], np.maximum(need - came, 0))
     return np.sort(np.concatenate([own, again]))
+
+
+def _among(got: Fingerprints, want_a: I64, want_b: I64) -> npt.NDArray[np.bool_]:
+    """Which of ``got`` are among the fingerprints ``(want_a, want_b)``."""
+    order = np.lexsort((want_b, want_a))
+    sa, sb = want_a[order], want_b[order]
+    lo, hi = np.searchsorted(sa, got.a, "left"), np.searchsorted(sa, got.a, "right")
+    found = np.zeros(len(got), dtype=bool)
+    live = np.flatnonzero(lo < hi)
+    step = 0
+    while len(live):  # equal first lanes: a run of one, unless 64 bits collide
+        hit = sb[lo[live] + step] == got.b[live]
+        found[live[hit]] = True
+        live = live[~hit]
+        step += 1
+        live = live[lo[live] + step < hi[live]]
+    return found
 
 
 def _lane(table: pa.Table, name: str) -> I64:

@@ -229,6 +229,11 @@ class PersistedIndex:
             if self._files.pop(p, None) is not None and self._packed is not None and p in self._packed[2]:
                 self._packed = None  # the packing must hold exactly the entries held
 
+    def clear(self) -> None:
+        """Hold no entry (the next ``sync`` loads them all again)."""
+        self._files.clear()
+        self._packed = None
+
     def sweep_once(self, stored: StoredIndex, snap: Snapshot, where: Where) -> None:
         """Sweep the stored index (``StoredIndex.sweep``) once per ``SWEEP_EVERY`` calls, from
         the first on: entries of files gone since, or never committed, only take space."""

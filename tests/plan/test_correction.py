@@ -248,3 +248,14 @@ def test_of_the_rows_fetched_as_many_copies_as_inserted_are_kept_or_repeated() -
     assert kept([(3, 3), (1, 1), (2, 2)]) == [0, 0, 1, 1, 2]  # one of each, repeated
     assert kept([(3, 3), (1, 1)]) is None  # (2, 2) missing
     assert kept([(3, 3), (1, 1), (2, 2), (4, 4)]) is None  # (4, 4) not inserted
+
+
+def test_rows_found_by_their_first_lane_alone_are_kept_only_if_both_lanes_are_wanted() -> None:
+    """A fetch from the caller's cache finds rows by their first lane (``complete._fetch``):
+    one whose second lane is not wanted (two rows whose first lanes collide) is left out."""
+    from mvsink.plan.complete import _among
+
+    got = desired_of([(5, 1), (5, 2), (7, 7), (9, 9), (5, 3)])
+    want = desired_of([(5, 2), (9, 9), (5, 3), (1, 1)])
+    assert _among(got, want.a, want.b).tolist() == [False, True, False, True, True]
+    assert _among(got, want.a[:0], want.b[:0]).tolist() == [False] * 5
