@@ -85,14 +85,22 @@ def dictionary_columns(data: pa.Table) -> list[str] | bool:
     name."""
     if not data.num_rows or any(pa.types.is_nested(f.type) for f in data.schema):
         return True
+    # Judged on evenly spaced rows: counting every value cost 50 ms a column at 125K rows.
+    rows = data.num_rows
+    sample = data
+    if rows > _DISTINCT_SAMPLE:
+        sample = data.take(np.linspace(0, rows - 1, _DISTINCT_SAMPLE, dtype=np.int64))
 
     def few(column: pa.ChunkedArray) -> bool:
         try:
-            return bool(2 * pc.count_distinct(column, mode="all").as_py() <= data.num_rows)
+            return bool(2 * pc.count_distinct(column, mode="all").as_py() <= len(column))
         except pa.ArrowNotImplementedError:  # a type Arrow cannot count (all nulls): as Arrow
             return True
 
-    return [name for name, column in zip(data.column_names, data.columns, strict=True) if few(column)]
+    return [name for name, column in zip(sample.column_names, sample.columns, strict=True) if few(column)]
+
+
+_DISTINCT_SAMPLE = 8192
 
 
 @dataclass(frozen=True)

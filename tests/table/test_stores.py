@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -277,3 +278,22 @@ def test_the_index_sweep_leaves_fresh_entries_and_writes_in_flight(tmp_path):
         sweeper.join()
     assert failures == []
     assert len(store.files(index.root)) == 300
+
+
+@pytest.mark.parametrize("rows", [100, 200_000])
+def test_a_dictionary_goes_to_the_columns_of_few_distinct_values_only(rows):
+    """Judged on evenly spaced rows past a few thousand (``storage.dictionary_columns``): ids
+    and measures get none, a status column or a mostly null one does."""
+    from mvsink.table.storage import dictionary_columns
+
+    ids = np.arange(rows)
+    table = pa.table(
+        {
+            "id": ids,
+            "amount": ids * 1.25,
+            "name": pa.array([f"n{i}" for i in ids]),
+            "status": pa.array(["open", "closed", "held"] * (rows // 3) + ["open"] * (rows % 3)),
+            "sparse": pa.array([None if i % 10 else i for i in ids], pa.int64()),
+        }
+    )
+    assert dictionary_columns(table) == ["status", "sparse"]
