@@ -144,7 +144,7 @@ class Complete:
         whatever reads them: the batch is cached with the fingerprints of the first layout it
         is hashed for, so the collect and the fetch of the rows to insert read them and never
         hash again. A batch the caller cached is used as it is (and left cached), hashed at
-        each scan (the fetch then hashes every row's first lane again, ``_fetch``: a second
+        each scan (the fetch then hashes every row's first lane again, ``_wanted``: a second
         cache cost more, 3.5 s at 10M rows); so is the cache for a layout changed between
         attempts."""
         if self.hashed is None or self.hashed[0] != layout:

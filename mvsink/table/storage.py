@@ -89,7 +89,10 @@ def dictionary_columns(data: pa.Table) -> list[str] | bool:
     rows = data.num_rows
     sample = data
     if rows > _DISTINCT_SAMPLE:
-        sample = data.take(np.linspace(0, rows - 1, _DISTINCT_SAMPLE, dtype=np.int64))
+        try:
+            sample = data.take(np.linspace(0, rows - 1, _DISTINCT_SAMPLE, dtype=np.int64))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # chunks too big to join: all rows
+            sample = data
 
     def few(column: pa.ChunkedArray) -> bool:
         try:

@@ -281,11 +281,19 @@ def test_the_index_sweep_leaves_fresh_entries_and_writes_in_flight(tmp_path):
 
 
 @pytest.mark.parametrize("rows", [100, 200_000])
-def test_a_dictionary_goes_to_the_columns_of_few_distinct_values_only(rows):
-    """Judged on evenly spaced rows past a few thousand (``storage.dictionary_columns``): ids
-    and measures get none, a status column or a mostly null one does."""
-    from mvsink.table.storage import dictionary_columns
+def test_a_dictionary_goes_to_the_columns_of_few_distinct_values_only(rows, monkeypatch):
+    """Judged on 8192 evenly spaced rows past that many (``storage.dictionary_columns``), over
+    any chunks: ids and measures get none, a status column or a mostly null one does."""
+    import mvsink.table.storage as storage
 
+    counted: list[int] = []
+    count_distinct = storage.pc.count_distinct
+
+    def spy(values, **kwargs):  # type: ignore[no-untyped-def]
+        counted.append(len(values))
+        return count_distinct(values, **kwargs)
+
+    monkeypatch.setattr(storage.pc, "count_distinct", spy)
     ids = np.arange(rows)
     table = pa.table(
         {
@@ -296,4 +304,7 @@ def test_a_dictionary_goes_to_the_columns_of_few_distinct_values_only(rows):
             "sparse": pa.array([None if i % 10 else i for i in ids], pa.int64()),
         }
     )
-    assert dictionary_columns(table) == ["status", "sparse"]
+    third = rows // 3
+    chunked = pa.concat_tables([table.slice(0, third), table.slice(third, 0), table.slice(third)])
+    assert storage.dictionary_columns(chunked) == ["status", "sparse"]
+    assert counted == [min(rows, 8192)] * 5
