@@ -462,7 +462,7 @@ def test_rows_to_insert_past_the_drivers_share_are_written_by_spark_tasks(spark,
 
 
 def test_a_batch_the_caller_cached_gives_the_rows_to_insert_from_its_cache(spark, target, caplog):
-    """The sink leaves a cached batch as it is, with no cache of its own: the rows to insert
+    """The sink leaves a cached batch cached, and no cache of its own behind: the rows to insert
     are found in the caller's cache by their fingerprints' first lane, the second computed
     for those rows only; copies of a duplicated row come exactly as inserted. Columns named
     with a dot and a backtick resolve on that path too."""
@@ -478,11 +478,12 @@ def test_a_batch_the_caller_cached_gives_the_rows_to_insert_from_its_cache(spark
     sink(view(-1).dropDuplicates(), 0)
     desired = view(0).cache()
     desired.count()
+    cached = spark.sparkContext._jsc.sc().getPersistentRDDs().size()  # other tests' too
     report = sink(desired, 1)
     assert (report.inserted, report.retracted) == (8, 6) and "fetch" in report.phases
     assert not any("written by Spark tasks" in r.getMessage() for r in caplog.records)
-    assert desired.storageLevel.useMemory
-    assert spark.sparkContext._jsc.sc().getPersistentRDDs().size() == 1  # the caller's only
+    assert desired.storageLevel.useMemory  # left cached, and nothing of the sink's stays
+    assert spark.sparkContext._jsc.sc().getPersistentRDDs().size() == cached
     desired.unpersist()
     assert_equal_to(target, view(0))
 
