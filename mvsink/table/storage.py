@@ -75,6 +75,10 @@ class ParquetWriter(pq.ParquetWriter):  # type: ignore[misc]  # pyarrow is untyp
         super().close()
 
 
+_DISTINCT_SAMPLE = 8192
+"""Rows, evenly spaced, on which ``dictionary_columns`` judges a bigger file's columns."""
+
+
 def dictionary_columns(data: pa.Table) -> list[str] | bool:
     """The columns of ``data`` worth a dictionary in Parquet: those whose distinct values are
     at most half its rows. A dictionary of mostly distinct values adds its indices to the
@@ -101,9 +105,6 @@ def dictionary_columns(data: pa.Table) -> list[str] | bool:
             return True
 
     return [name for name, column in zip(sample.column_names, sample.columns, strict=True) if few(column)]
-
-
-_DISTINCT_SAMPLE = 8192
 
 
 @dataclass(frozen=True)
