@@ -13,6 +13,10 @@ DELTA_NOTES). It changes no row: the new files hold exactly the old files' rows 
 count before the commit), the actions say ``dataChange = false`` (streaming readers and the
 change feed skip it), and the frontier is left as it is. The files' index entries are carried
 over from the old files (no row is hashed again), so the sink's next epoch reads nothing.
+
+The commit records the ``max_rows_per_file`` it wrote files of (``record.ROWS_PER_FILE``), so
+that ``mvsink status`` judges small files as the compaction did: files it just wrote are not small
+to it, whatever limit the sink itself writes with.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 5_000_000
 """Rows one compaction reads at most (on the driver); run it again for more."""
+
+
+def small_rows_of(max_rows_per_file: int) -> int:
+    """The rows under which a file is small, to a compaction writing files of up to
+    ``max_rows_per_file`` rows: a quarter of them (a file that full is not worth rewriting)."""
+    return max(2, max_rows_per_file // 4)
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ def compact(
     target = locate(target, where)
     policy = retry or RetryPolicy()
     keys = Keys.of(name)
-    small = max(2, max_rows_per_file // 4) if small_rows is None else small_rows
+    small = small_rows_of(max_rows_per_file) if small_rows is None else small_rows
 
     def one_attempt(attempt: int) -> Compaction | Lost:
         snap = load_snapshot(target, keys.frontier, options, where, engine=engine)
@@ -124,7 +134,7 @@ def compact(
             app_id=keys.app_id,
             upper=None,
             attempt_id=uuid.uuid4().hex,
-            metadata=compact_metadata(name, len(removes), len(written)),
+            metadata=compact_metadata(name, len(removes), len(written), max_rows_per_file),
             schema_json=snap.schema_json,
             partition_by=snap.partition_by,
             where=where,

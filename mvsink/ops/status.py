@@ -4,7 +4,11 @@ Everything comes from the latest snapshot (frontier, lineage and promotion app t
 the file list) and the commit metadata mvsink writes with every commit (``mvsink.view``,
 ``mvsink.epoch``, ``mvsink.inserted`` ..., ``mvsink.attempts``) over the last ``history``
 commits, plus the notes stalled sinks leave (``clock.Stall``). No data file is read, so it
-is cheap on any table and store.
+is cheap on any table and store. Small files are judged as the view's last compaction within
+those commits judged them, by the ``max_rows_per_file`` it recorded (``ops/compact.py``), else
+by the ``small_rows`` given.
+
+Where there is no table, ``describe_missing_table`` says what is there instead.
 
 ``Status.to_json`` is the stable form behind ``mvsink status --json`` (docs/operations.md):
 fields are only ever added, never renamed or removed, and ``"format"`` names its version.
@@ -13,19 +17,35 @@ fields are only ever added, never renamed or removed, and ``"format"`` names its
 from __future__ import annotations
 
 import json
+import os
+import posixpath
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
 
 from mvsink.epoch.clock import stall_notes
-from mvsink.errors import Where
+from mvsink.errors import Where, first_line
+from mvsink.ops.compact import small_rows_of
 from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
 from mvsink.table.delta import load_snapshot
 from mvsink.table.log import history as delta_history
-from mvsink.table.record import HOLDER, PROMOTED, EpochCommit, Keys, holder_tag, promotions, views_of
+from mvsink.table.record import (
+    HOLDER,
+    PROMOTED,
+    EpochCommit,
+    Keys,
+    compacted_rows_per_file,
+    holder_tag,
+    promotions,
+    views_of,
+)
 from mvsink.table.storage import Store
+from mvsink.table.uris import is_local, table_root
 
 FORMAT = 1
 """Version of the JSON form; bumped only if a field changes meaning."""
@@ -91,12 +111,17 @@ class Status:
     """Files with fewer than ``small_rows`` rows (or no row count): what compaction looks at
     (it merges two or more in a partition, up to its row limit per run)."""
     small_rows: int
+    """A quarter of ``compacted_to`` when the history read holds a compaction that recorded
+    it, else the threshold the caller gave."""
     views: tuple[ViewStatus, ...]
     history: int
     """How many of the newest commits were read for the per-commit figures."""
     holder: str | None = None
     """The view that holds the table (``epoch/holder.py``): its name; ``"#<tag>"`` for a view
     not named within the history read; None: no view holds it (a foreign table, or none yet)."""
+    compacted_to: int | None = None
+    """The ``max_rows_per_file`` of the newest compaction within the history read to record one
+    (the files it wrote are not small to it, nor to ``small_rows``); None: none did."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self), "views": [asdict(v) for v in self.views]}
@@ -109,9 +134,14 @@ class Status:
             if self.rows is not None
             else "rows unknown (deletion vectors: run with Delta in the Spark session to count them)"
         )
+        judged = (
+            ""
+            if self.compacted_to is None
+            else f", a quarter of the {self.compacted_to:,} rows per file of the last compaction"
+        )
         lines = [
             f"{self.target}: version {self.table_version}, {rows} in {self.files:,} files "
-            f"({self.bytes:,} bytes; {self.small_files:,} with fewer than {self.small_rows:,} rows)"
+            f"({self.bytes:,} bytes; {self.small_files:,} with fewer than {self.small_rows:,} rows{judged})"
         ]
         lines.append(f"  held by view {self.holder}" if self.holder else "  held by no mvsink view")
         if not self.views:
@@ -153,7 +183,8 @@ def status(
     small_rows: int = 12_500,
 ) -> Status:
     """The status of view ``name`` (or of every view committed within the last ``history``
-    versions) in the Delta table at ``target``."""
+    versions) in the Delta table at ``target``. ``small_rows`` is the small-file threshold
+    when no compaction within those versions recorded its own (see the module doc)."""
     options = dict(storage_options or {})
     where = Where(name, target)
     target = locate(target, where)
@@ -168,6 +199,9 @@ def status(
     assert snap.version is not None
     store = Store(snap.root, options)
     views = tuple(_view(snap, n, commits, stall_notes(store, snap, n), store) for n in names)
+    compacted = _compacted_to(commits, names)
+    if compacted is not None:
+        small_rows = small_rows_of(compacted)
     return Status(
         target=target,
         table_version=snap.version,
@@ -179,7 +213,15 @@ def status(
         views=views,
         history=history,
         holder=_holder(snap, known),
+        compacted_to=compacted,
     )
+
+
+def _compacted_to(commits: list[dict[str, Any]], views: list[str]) -> int | None:
+    """The ``max_rows_per_file`` that the newest compaction of ``views`` among ``commits``
+    (newest first) to record one recorded; None if none did."""
+    found = (compacted_rows_per_file(c, views) for c in commits)
+    return next((rows for rows in found if rows is not None), None)
 
 
 def _holder(snap: Any, names: list[str]) -> str | None:
@@ -232,3 +274,77 @@ def _view(
         tombstones=tombstones.count(store, snap, view),
         stalled=tuple(stalled),
     )
+
+
+def describe_missing_table(target: str, storage_options: Mapping[str, str] | None = None) -> str:
+    """Why there is no Delta table at ``target`` (a path or URI), as a whole message starting
+    "no Delta table at <target>": what is there instead and what to do, so that a Parquet
+    folder, a misspelled path or a folder inside a table is told apart from a table not made
+    yet. One listing of the folder, and a look for a ``_delta_log`` in each folder above it."""
+    head = f"no Delta table at {target}"
+    options = dict(storage_options or {})
+    root = table_root(target)
+    if is_local(root) and not os.path.isdir(root):
+        what = "it is a file, not a folder" if os.path.exists(root) else "the folder does not exist"
+        return f"{head}: {what}"
+    try:
+        listed = Store(root, options).files("")
+        enclosing = _enclosing_table(root, options)
+    except OSError as exc:
+        return f"{head}: cannot list it ({first_line(exc)})"
+    return f"{head}: {_what_is_there(listed, enclosing, is_local(root))}"
+
+
+def _what_is_there(listed: list[str], enclosing: str | None, local: bool) -> str:
+    """What a folder that holds no Delta table holds instead (its files, ``listed``), and what
+    to do about it; ``enclosing``: the table the folder lies inside, if any."""
+    if enclosing is not None:
+        return f"it is a folder inside the Delta table at {enclosing}: point at the table's root"
+    inner = sorted({p.split("/_delta_log/")[0] for p in listed if "/_delta_log/" in p})
+    if inner:
+        shown = ", ".join(f"{i}/" for i in inner[:3])
+        return f"it holds Delta table(s) in sub-folders ({shown}): point at the table's root"
+    if any(p.startswith("_delta_log/") for p in listed):
+        return "its _delta_log holds no commit: the table's first commit never landed, or the log is damaged"
+    visible = [p for p in listed if not any(part.startswith(("_", ".")) for part in p.split("/"))]
+    parquet = sum(1 for p in visible if p.endswith(".parquet"))
+    if parquet:
+        return (
+            f"it holds {parquet:,} Parquet file(s) but no _delta_log: not a Delta table (write it "
+            "with Delta, or point at the table's root)"
+        )
+    if visible:
+        return f"it holds {len(visible):,} file(s), none Parquet, and no _delta_log: not a Delta table"
+    if local:
+        return "the folder is empty (a sink makes the table at its first epoch)"
+    return (
+        "nothing is stored under it (an object store has no empty folders: check the path, or no "
+        "sink has committed there yet)"
+    )
+
+
+def _enclosing_table(root: str, options: Mapping[str, str]) -> str | None:
+    """The nearest folder above ``root`` that holds a ``_delta_log``, if any."""
+    for parent in _parents(root):
+        log = Store(parent, options).fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
+        if log:
+            return parent
+    return None
+
+
+def _parents(root: str) -> list[str]:
+    """The folders above ``root``, nearest first: up to ``/`` on local disk, to the bucket (or
+    container) of an object store."""
+    if is_local(root):
+        folders = []
+        while (parent := os.path.dirname(root)) != root:
+            folders.append(parent)
+            root = parent
+        return folders
+    parsed = urlparse(root)
+    path = posixpath.normpath("/" + parsed.path.lstrip("/"))
+    above = []
+    while path != "/":
+        path = posixpath.dirname(path)
+        above.append(f"{parsed.scheme}://{parsed.netloc}{path.rstrip('/')}")
+    return above

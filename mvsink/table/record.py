@@ -356,15 +356,30 @@ def promotions(infos: Sequence[Mapping[str, Any]], view: str) -> list[Mapping[st
     return [c for c in infos if c.get(VIEW) == view and PROMOTED in c]
 
 
-def compact_metadata(view: str, removed: int, added: int) -> dict[str, str]:
-    """The commit metadata of a compaction of ``view``'s files."""
+ROWS_PER_FILE = "mvsink.max_rows_per_file"
+"""A compaction's ``max_rows_per_file``: ``mvsink status`` judges small files by it."""
+
+
+def compact_metadata(view: str, removed: int, added: int, max_rows_per_file: int) -> dict[str, str]:
+    """The commit metadata of a compaction of ``view``'s files into files of up to
+    ``max_rows_per_file`` rows."""
     return {
         "userMetadata": f"mvsink compact view {view}: files -{removed} +{added}, no row changed",
         VIEW: view,
         "mvsink.operation": "compact",
         "mvsink.files_removed": str(removed),
         "mvsink.files_added": str(added),
+        ROWS_PER_FILE: str(max_rows_per_file),
     }
+
+
+def compacted_rows_per_file(info: Mapping[str, Any], views: Sequence[str]) -> int | None:
+    """The ``max_rows_per_file`` that commit ``info`` compacted one of ``views`` to; None if it
+    is no such compaction, or one that recorded none (made before it was recorded)."""
+    if info.get(VIEW) not in views:
+        return None
+    rows = metadata_int(info.get(ROWS_PER_FILE))
+    return rows if rows is not None and rows > 0 else None
 
 
 def schema_metadata(view: str, epoch: int, change: str) -> dict[str, str]:

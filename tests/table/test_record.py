@@ -76,7 +76,7 @@ def test_an_epochs_record_parses_back() -> None:
 
 
 def test_other_commits_are_not_epochs() -> None:
-    compaction = {**compact_metadata("orders", 4, 1), "version": 3}
+    compaction = {**compact_metadata("orders", 4, 1, 100), "version": 3}
     promotion = {**promote_metadata("orders", "w1"), "version": 4}
     foreign = {"version": 5, "operation": "DELETE"}
     commits = [compaction, promotion, foreign]
