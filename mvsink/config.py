@@ -73,7 +73,11 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+    # The docstring under each field is its description (``model_fields[name].description``):
+    # ``help(MVSink)`` and docs/options.md are made from it (``options_doc.py``).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", str_strip_whitespace=True, use_attribute_docstrings=True
+    )
 
 
 class RetryPolicy(_Frozen):
@@ -397,7 +401,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
 
-def _config_error(exc: ValidationError, given: dict[str, Any]) -> ConfigError:
+def _config_error(
+    exc: ValidationError, given: dict[str, Any], what: str = "invalid sink options"
+) -> ConfigError:
     lines = []
     for err in exc.errors():
         option = ".".join(str(p) for p in err["loc"])
@@ -407,4 +413,4 @@ def _config_error(exc: ValidationError, given: dict[str, Any]) -> ConfigError:
         view=given.get("name") if isinstance(given.get("name"), str) else None,
         target=given.get("target") if isinstance(given.get("target"), str) else None,
     )
-    return ConfigError("invalid sink options: " + "; ".join(lines), where)
+    return ConfigError(f"{what}: " + "; ".join(lines), where)

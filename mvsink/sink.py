@@ -10,6 +10,7 @@ epochs (``epoch/run.SinkState``) is made where it runs.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -25,6 +26,7 @@ from mvsink.epoch.run import Epoch, SinkState
 from mvsink.epoch.workers import check_workers
 from mvsink.errors import CatalogUnavailable, ConfigError, InputError, Where
 from mvsink.ops.promote import promote
+from mvsink.options_doc import options_section, options_signature
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
 from mvsink.report import EpochReport
 from mvsink.table.catalog import is_path, locate
@@ -42,7 +44,8 @@ class MVSink:
     """Keep the Delta table at ``target`` equal to each micro-batch (``complete`` mode).
 
     Use as ``df.writeStream.foreachBatch(MVSink(target, name))``, or call it directly as
-    ``sink(batch_df, epoch)`` from a batch job. Options are those of ``SinkOptions``.
+    ``sink(batch_df, epoch)`` from a batch job. Options are those of ``SinkOptions`` (listed
+    below, from its fields).
 
     The sink pickles as its options alone (Spark Connect ships ``foreachBatch`` callables to a
     Python process next to the server): its runtime state (lock, index, reports) is created
@@ -50,6 +53,8 @@ class MVSink:
     """
 
     def __init__(self, target: str, name: str, **options: Any) -> None:
+        """Validate ``target``, ``name`` and the options (``SinkOptions.build``): a wrong one is a
+        ``ConfigError`` naming it."""
         self.options = SinkOptions.build(target=target, name=name, **options)
         self._read_only = self.options.read_only
         self._named: str | None = None  # the table name the target was given as, once resolved
@@ -284,3 +289,9 @@ class MVSink:
         log.info("%s", report)
         metrics.info("%s", json.dumps(report.to_json(), sort_keys=True))
         return report
+
+
+# help(MVSink), IDEs and inspect.signature(MVSink) show each option from SinkOptions' fields
+# (``options_doc.py``); the constructor still takes them as ``**options``.
+MVSink.__init__.__signature__ = options_signature()  # type: ignore[attr-defined]
+MVSink.__doc__ = f"{inspect.cleandoc(MVSink.__doc__ or '')}\n\n{options_section()}"
