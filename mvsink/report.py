@@ -63,5 +63,11 @@ class EpochReport:
             f"{head}{where} [{self.lower} -> {self.upper}]: +{self.inserted} -{self.retracted} rows, "
             f"{self.files_added} file(s) added, {self.files_removed} removed, "
             f"{self.bytes_written:,} bytes{' (desired written whole)' if self.whole else ''}, "
-            f"{self.attempts} attempt(s), {self.seconds:.2f}s"
+            f"{self.attempts} attempt(s), {self.seconds:.2f}s{self._slowest()}"
         )
+
+    def _slowest(self, n: int = 2) -> str:
+        """Where most of the epoch's time went: its ``n`` longest phases, e.g. `` (write 8.1s,
+        collect 2.0s)``; nothing for an epoch too quick to say."""
+        slow = sorted(((s, p) for p, s in self.phases.items() if s >= 0.1), reverse=True)[:n]
+        return f" ({', '.join(f'{p} {s:.1f}s' for s, p in slow)})" if slow else ""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +87,13 @@ def _load(option: str, entry: str, args: dict[str, Any]) -> Callable[..., Any]:
     module, func = entry.split(":")
     try:
         fn: Callable[..., Any] = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise ConfigError(f"option 'job.{option}': importing {module!r} failed: {exc}") from None
+        raise ConfigError(
+            f"option 'job.{option}': no module {exc.name!r} in the working folder, beside the job "
+            "file or on PYTHONPATH (put its folder on PYTHONPATH)"
+        ) from None
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"option 'job.{option}': cannot load {entry!r}: {exc}") from None
     try:
@@ -94,6 +103,25 @@ def _load(option: str, entry: str, args: dict[str, Any]) -> Callable[..., Any]:
     except ValueError:
         pass  # no signature to check (a builtin): the call says
     return fn
+
+
+def importable(job: JobOptions, path: str | Path | None) -> None:
+    """Make the job's own modules importable, then import and check its ``query`` and ``feed``
+    (a ``ConfigError`` naming where it looked), all before Spark starts.
+
+    A job's modules are looked for in the working folder and beside the job file, ahead of
+    ``PYTHONPATH``; the same folders go on ``PYTHONPATH`` for the Python processes Spark starts
+    (its workers unpickle the query's functions by module)."""
+    folders = [os.getcwd()] + ([os.path.dirname(os.path.abspath(path))] if path is not None else [])
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    known = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    added = [f for f in folders if f not in known]
+    os.environ["PYTHONPATH"] = os.pathsep.join(added + [p for p in known if p])
+    _load("query", job.query, job.args)
+    if job.feed is not None:
+        _load("feed", job.feed, job.args)
 
 
 class JobConfig(BaseModel):
@@ -118,8 +146,9 @@ class JobConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
+            file = "the embedded default job" if path is None else f"job file {str(path)!r}"
             raise _config_error(
-                exc, data.get("sink", {}) if isinstance(data.get("sink"), dict) else {}
+                exc, data.get("sink", {}) if isinstance(data.get("sink"), dict) else {}, f"invalid {file}"
             ) from None
 
 

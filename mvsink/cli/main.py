@@ -1,14 +1,15 @@
-"""``mvsink``: run a job file (or the embedded demo), or print a view's frontier.
+"""``mvsink``: run a job file (or the embedded demo), and operate a view's table.
 
-mvsink run [JOB.toml] [--epochs N] [--conf KEY=VALUE]
-                               run a streaming job into an MVSink (default: the demo)
-mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
-mvsink promote TARGET --name NAME --writer WRITER
-                               make WRITER the active writer of view NAME (fences the others)
+mvsink run [JOB.toml] [--epochs N] [--arg KEY=VALUE] [--conf KEY=VALUE] [-v]
+                               run a streaming job into an MVSink (default: the demo);
+                               Ctrl-C stops it after the epoch in flight
 mvsink status [TARGET] [--name NAME] [--json] [--job JOB.toml]
                                what the target's log says about its views
 mvsink verify [TARGET] [--name NAME] (--sql QUERY | --job JOB.toml) [--json]
                                whether the target equals desired (exit 0 equal, 1 different)
+mvsink frontier TARGET NAME    print the frontier of view NAME in the table at TARGET
+mvsink promote TARGET --name NAME --writer WRITER
+                               make WRITER the active writer of view NAME (fences the others)
 mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
                                merge small files through the sink's strict commit
 mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
@@ -16,6 +17,8 @@ mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
 
 TARGET is a path or URI, or a table name ([catalog.][schema.]table) resolved through a Spark
 session that the command starts, configured by the job file's [spark] table and --conf.
+Exit codes: 0 done (verify: equal), 1 verify found a difference or frontier found none,
+2 an error (the message says what), 130 stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -36,9 +40,16 @@ def _plain(text: str) -> str:
     return text.replace("``", "")
 
 
+INTERRUPTED = 130
+"""Exit code of a command stopped by Ctrl-C (SIGINT), as shells report it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # before a job's query started, or a command in its middle
+        print("mvsink: interrupted", file=sys.stderr)
+        return INTERRUPTED
     finally:
         from mvsink.table.storage import wait_for_cleanup
 
@@ -48,12 +59,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mvsink", description=_plain(__doc__.splitlines()[0]))
-    sub = parser.add_subparsers(dest="command", required=True)
+    from mvsink import __version__
+
+    summary, _, commands = _plain(__doc__).partition("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="mvsink",
+        description=summary,
+        epilog=commands,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mvsink {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
     run.add_argument("config", nargs="?", help="a TOML job file (see conf/)")
     run.add_argument("--epochs", type=_positive, help="stop after this many epochs")
-    run.add_argument("-v", "--verbose", action="store_true", help="log every sink step")
+    run.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [job] args value for this run (over the job file's; VALUE as in TOML, else a string)",
+    )
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="log every sink step (phases, retries, sweeps)"
+    )
     _conf_option(run)
     fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
     fr.add_argument("target")
@@ -133,7 +162,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
             target, name, options, small = _target(args)
             result = status(target, name, options, history=args.history, small_rows=small)
             if result.table_version is None:
-                raise ConfigError(f"no Delta table at {target}")
+                from mvsink.ops.status import describe_missing_table
+
+                raise ConfigError(describe_missing_table(target, options))
             print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
             return 0
         if args.command == "promote":
@@ -148,10 +179,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if args.command == "frontier":
             from mvsink.ops.promote import frontier
 
-            value = frontier(_located(args.target, args), args.name)
-            print("" if value is None else value)
+            target = _located(args.target, args)
+            value = frontier(target, args.name)
+            if value is None:
+                print(f"mvsink: {_no_frontier(target, args.name)}", file=sys.stderr)
+                return 1
+            print(value)
             return 0
-        return _run(args.config, args.epochs, args.verbose, _pairs(args.conf, "--conf"))
+        return _run(args)
     except MVSinkError as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 2
@@ -292,16 +327,80 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _run(path: str | None, epochs: int | None, verbose: bool, conf: dict[str, str]) -> int:
-    from mvsink.cli.job import JobConfig
-    from mvsink.cli.runner import run_job
+def _no_frontier(target: str, name: str) -> str:
+    """Why view ``name`` has no frontier at ``target``: no table there (an error), or the
+    table's log holds no commit of that view (naming the views it holds)."""
+    from mvsink.ops.status import status
 
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    config = JobConfig.load(path)
-    if epochs is not None:
-        config = config.model_copy(update={"job": config.job.model_copy(update={"epochs": epochs})})
-    run_job(config, stop=threading.Event(), explicit=conf)
+    found = status(target, None, {}, history=200)
+    if found.table_version is None:
+        raise ConfigError(f"no Delta table at {target}")
+    others = sorted(v.view for v in found.views)
+    held = f"views with a frontier there: {', '.join(others)}" if others else "it holds no mvsink view"
+    return f"view {name!r} has never committed to {target} ({held})"
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``mvsink run``: the job's own modules are imported and checked before Spark starts
+    (``job.importable``); Ctrl-C stops the query after the epoch in flight (``runner``)."""
+    from mvsink.cli.job import JobConfig, importable
+    from mvsink.cli.runner import Interrupted, run_job
+
+    _logging(args.verbose)
+    config = JobConfig.load(args.config)
+    overrides = _job_args(args.arg)
+    if args.epochs is not None or overrides:
+        job = config.job.model_copy(
+            update={
+                **({"epochs": args.epochs} if args.epochs is not None else {}),
+                **({"args": {**config.job.args, **overrides}} if overrides else {}),
+            }
+        )
+        config = config.model_copy(update={"job": job})
+    importable(config.job, args.config)
+    try:
+        run_job(config, stop=threading.Event(), explicit=_pairs(args.conf, "--conf"))
+    except Interrupted as stopped:
+        print(f"mvsink: {stopped}", file=sys.stderr)
+        return INTERRUPTED
+    if args.config is None:
+        command = sys.argv[0] if os.path.basename(sys.argv[0]) == "mvsink" else "mvsink"
+        print(
+            _DEMO_NEXT.format(
+                mvsink=os.path.relpath(command) if os.sep in command else command, target=config.sink.target
+            )
+        )
     return 0
+
+
+_DEMO_NEXT = """
+Next: check the view against its query run again over the order files, and read its state
+from the Delta log alone:
+  {mvsink} verify --job conf/demo.toml
+  {mvsink} status {target}
+then write your own job file (conf/*.toml) or call MVSink from your query (README.md)."""
+
+
+def _job_args(values: Sequence[str]) -> dict[str, Any]:
+    """``--arg KEY=VALUE`` pairs, each VALUE read as a TOML value (``9092``, ``true``,
+    ``"a b"``) or, when it is not one, as the string it is."""
+    import tomllib
+
+    parsed: dict[str, Any] = {}
+    for key, value in _pairs(values, "--arg").items():
+        try:
+            parsed[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed[key] = value
+    return parsed
+
+
+def _logging(verbose: bool) -> None:
+    """What ``mvsink run`` logs: mvsink's progress on long steps (INFO) and warnings; with
+    ``-v`` every sink step (DEBUG). Spark's Python bridge (py4j) logs warnings only."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mvsink").setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:  # the runner prints each epoch's report; the sink's log line would repeat it
+        logging.getLogger("mvsink.sink").setLevel(logging.WARNING)
+    logging.getLogger("mvsink.metrics").setLevel(logging.WARNING)  # the JSON record: for pipelines
+    logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import decimal
 import logging
+import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +55,21 @@ def _show(sink: MVSink, epoch: int) -> None:
     print(show_table(sample, title, total=total))
 
 
+class Interrupted(Exception):
+    """Ctrl-C stopped the job; the message says where the view stands."""
+
+
 def run_job(
     config: JobConfig, stop: threading.Event, explicit: Mapping[str, str] | None = None
 ) -> list[EpochReport]:
     """Run the job until ``config.job.epochs`` epochs ran, ``stop`` is set, or it fails (the
     sink's ``MVSinkError``, as raised, when the sink failed the batch).
+
+    Ctrl-C (``KeyboardInterrupt`` in this, the main thread) stops the query once the epoch in
+    flight is over, however it ends: its commit landed or not, the log says which, so the next
+    run knows where the view stands. A second Ctrl-C stops it at once: the epoch is then
+    abandoned, which a crash could do too (its staged files are the next sweep's, I4). Either
+    way ``Interrupted`` says where the view stands.
 
     ``explicit`` Spark settings win over the launcher's (spark-submit), which win over the job
     file's ``[spark]`` (``cli.session``)."""
@@ -70,17 +82,21 @@ def run_job(
     query_df: DataFrame = job.query_of(spark)
     reports: list[EpochReport] = []
     failed: list[MVSinkError] = []
+    in_flight = threading.Event()
 
     def each_batch(batch: DataFrame, epoch: int) -> None:
+        in_flight.set()
         try:
             report = sink(batch, epoch)
         except MVSinkError as exc:
             failed.append(exc)
             raise
+        finally:
+            in_flight.clear()
         reports.append(report)
         if job.show:
             _show(sink, epoch)
-            print(f"   {report}")
+        print(f"   {report}", flush=True)
         if job.tamper_after_epoch is not None and len(reports) == job.tamper_after_epoch + 1:
             _tamper(sink, epoch)
         if job.epochs is not None and len(reports) >= job.epochs:
@@ -97,8 +113,14 @@ def run_job(
         .start()
     )
     try:
-        while query.isActive and not stop.wait(0.2):
-            pass
+        try:
+            while query.isActive and not stop.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            stop.set()
+            _finish_epoch(in_flight)
+            query.stop()
+            raise Interrupted(_stands(sink, reports)) from None
         if query.exception() is not None:
             if failed:  # the sink's own error says what happened and what to do
                 raise failed[-1] from None
@@ -106,6 +128,33 @@ def run_job(
     finally:
         query.stop()
     return reports
+
+
+def _finish_epoch(in_flight: threading.Event) -> None:
+    """Wait for the epoch in flight to end; a second Ctrl-C stops waiting."""
+    if not in_flight.is_set():
+        return
+    print("mvsink: stopping after the epoch in flight (Ctrl-C again to abandon it) ...", file=sys.stderr)
+    try:
+        while in_flight.is_set():
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        print("mvsink: epoch abandoned", file=sys.stderr)
+
+
+def _stands(sink: MVSink, reports: list[EpochReport]) -> str:
+    """One line: where the stopped job leaves its view, read from the Delta log."""
+    ran = f"{len(reports)} epoch(s) ran"
+    try:
+        upper = delta.read_frontier(sink.target, sink.options.app_id, sink.options.storage_options)
+    except Exception as exc:
+        return f"stopped ({ran}); the view's frontier could not be read: {first_line(exc)}"
+    if upper is None:
+        return f"stopped ({ran}); view {sink.name} has not committed to {sink.target} yet"
+    return (
+        f"stopped ({ran}); view {sink.name} in {sink.target} is at frontier {upper}: "
+        "the next run goes on from there"
+    )
 
 
 def _not_mvsink_errors(record: logging.LogRecord) -> bool:

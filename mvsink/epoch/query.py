@@ -53,8 +53,9 @@ def output_mode_refusal(mode: str, output_mode: str) -> str | None:
     if output_mode.lower() in fitting:
         return None
     use = " or ".join(f'outputMode("{m}")' for m in fitting)
+    article = "an" if mode[0] in "aeiou" else "a"
     return (
-        f'the query runs outputMode("{output_mode.lower()}") into a {mode}-mode sink, which would '
+        f'the query runs outputMode("{output_mode.lower()}") into {article} {mode}-mode sink, which would '
         f"{'replace the view by each batch' if mode == 'complete' else 'add each batch again'}"
         f" and lose or double rows: use {use} with mode='{mode}'"
         + (", or mode='upsert' with a key" if mode == "complete" and output_mode.lower() == "update" else "")

@@ -445,7 +445,7 @@ class Epoch:
     def stage(self, plan: Plan, snap: Snapshot, layout: Layout) -> Staged:
         """The plan as files nothing references yet (I4)."""
         opts, ctx = self.opts, self.ctx
-        with ctx.phase("write"):
+        with ctx.phase("write", _writing(plan)):
             staged = stage(
                 plan,
                 ctx.store,
@@ -504,7 +504,7 @@ class Epoch:
                 self.discard(staged, plan)  # the epoch's commit was not made: nothing references them
                 raise
             snap, schema_json, retiring = first, first.schema_json or schema_json, {}
-        with ctx.phase("commit"):
+        with ctx.phase("commit", f"{len(staged.adds)} file(s) in, {len(staged.removes)} out"):
             outcome = append(
                 snap,
                 ctx.store,
@@ -774,3 +774,9 @@ class Epoch:
             identity=holding.identity,
             took_over=holding.took_over,
         )
+
+
+def _writing(plan: Plan) -> str:
+    """What staging ``plan`` writes, for the epoch's progress: rows in and out."""
+    rows = "rows to insert" if plan.inserted is None else f"{plan.inserted:,} row(s) to insert"
+    return f"{rows}, {plan.retracted:,} to retract"

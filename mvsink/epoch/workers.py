@@ -108,7 +108,8 @@ def check_workers(spark: SparkSession, where: Where) -> None:
 
 
 _HOW = (
-    "Give the workers the driver's environment: set PYSPARK_PYTHON (or spark.pyspark.python) to "
+    "Give the workers the driver's environment: set PYSPARK_PYTHON before the session starts (or "
+    "spark.pyspark.python under spark-submit) to "
     f"a Python with this mvsink installed (the driver runs {sys.executable}), ship it with "
     "spark.archives or --py-files, or install it as a cluster library."
 )
@@ -122,7 +123,15 @@ def _application(spark: SparkSession) -> str:
 
 
 def _worker_python(spark: SparkSession) -> str:
-    """The Python Spark starts workers with, as far as the driver can tell."""
+    """The Python Spark starts workers with, as far as the driver can tell: a classic session
+    started from Python took ``PYSPARK_PYTHON`` (else ``python3``) when its context started,
+    whatever ``spark.pyspark.python`` says (which only launchers such as spark-submit read)."""
+    try:
+        started = spark.sparkContext.pythonExec
+    except Exception:  # Connect: no context here
+        started = None
+    if started:
+        return "python3 on the workers' PATH" if started == "python3" else str(started)
     try:
         configured = spark.conf.get("spark.pyspark.python", None)
     except Exception:

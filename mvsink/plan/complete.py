@@ -110,7 +110,7 @@ class Complete:
             self.index.sweep_once(self.stored, snap, ctx.where)
         if ctx.placement(snap) == "distributed":
             return self._plan_distributed(snap, layout, rules)
-        with ctx.phase("index"):
+        with ctx.phase("index", f"{len(snap.files):,} data file(s)"):
             # Before desired's fingerprints come: a restarted sink reads and packs every entry
             # while the driver holds nothing else of the view, so its peak is a steady
             # epoch's (measured at 10M rows: 64.7 bytes a view row when it came after them).

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ from mvsink.table.delta import Snapshot
 from mvsink.table.storage import Store
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("mvsink.progress")
+"""What an epoch is doing: each phase at DEBUG as it starts and ends, and at INFO a phase that
+runs longer than ``PROGRESS_AFTER`` (an initial load, a whole rewrite), so long work is never
+silent between Spark's stage bars."""
+PROGRESS_AFTER = 5.0
+"""Seconds a phase runs before the sink says, at INFO, what the epoch is doing."""
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
@@ -192,13 +199,22 @@ class EpochContext:
     """The current attempt writes desired whole instead of correcting file by file."""
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Add the time spent in the block to the epoch's figures under ``name``."""
+    def phase(self, name: str, detail: str = "") -> Iterator[None]:
+        """Add the time spent in the block to the epoch's figures under ``name``, and say what
+        the epoch is doing (``progress``): ``detail`` gives its rows or files where known."""
+        doing = f"{self.where}: {name}" + (f" ({detail})" if detail else "")
+        progress.debug("%s ...", doing)
+        long = threading.Timer(PROGRESS_AFTER, progress.info, ("%s: still running ...", doing))
+        long.daemon = True
+        long.start()
         start = time.monotonic()
         try:
             yield
         finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+            long.cancel()
+            took = time.monotonic() - start
+            self.phases[name] = self.phases.get(name, 0.0) + took
+            progress.log(logging.INFO if took >= PROGRESS_AFTER else logging.DEBUG, "%s: %.1fs", doing, took)
 
     def enforce(self, rows: DataFrame, rules: Rules) -> None:
         """Refuse rows that break the target's rules (``rules.py``), unless already checked."""

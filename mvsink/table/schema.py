@@ -155,8 +155,16 @@ def target_struct(schema_json: str) -> StructType:
     return StructType.fromJson(json.loads(schema_json))
 
 
-def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
-    """Raise ``SchemaMismatchError`` naming every column where desired and target differ."""
+SINK_ADVICE = (
+    "The sink's schema_changes is 'refuse': cast desired, set schema_changes = 'evolve' to change the "
+    "view's table in place (docs/modes.md), or write the view to a new target."
+)
+"""What a sink whose desired does not fit its table can do (``check_fits``'s default advice)."""
+
+
+def check_fits(desired: StructType, schema_json: str, where: Where, advice: str = SINK_ADVICE) -> None:
+    """Raise ``SchemaMismatchError`` naming every column where desired and target differ, then
+    ``advice``: what the caller (a sink, ``verify``) can do about it."""
     want = {f["name"]: f["type"] for f in _relaxed(json.loads(schema_json))["fields"]}
     have = {f["name"]: f["type"] for f in _relaxed(json.loads(desired.json()))["fields"]}
     problems, columns = [], []
@@ -172,11 +180,7 @@ def check_fits(desired: StructType, schema_json: str, where: Where) -> None:
             columns.append(name)
     if problems:
         raise SchemaMismatchError(
-            "desired's schema differs from the target's: "
-            + "; ".join(sorted(problems))
-            + ". The sink's schema_changes is 'refuse': cast desired, set schema_changes = "
-            "'evolve' to change the view's table in place (docs/modes.md), or write the view to a "
-            "new target.",
+            "desired's schema differs from the target's: " + "; ".join(sorted(problems)) + ". " + advice,
             where,
             columns=tuple(sorted(columns)),
         )

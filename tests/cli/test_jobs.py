@@ -224,7 +224,7 @@ def test_a_job_whose_args_do_not_fit_its_query_is_refused_before_anything_runs(t
     )
     assert main(["run", str(conf)]) == 2
     err = capsys.readouterr().err
-    assert "option 'job.args' does not fit mvsink.demo:feed_orders" in err and "nope" in err
+    assert "option 'job.args' does not fit mvsink.demo:revenue_query" in err and "nope" in err
     assert not (tmp_path / "view").exists() and not (tmp_path / "o").exists()
 
 
