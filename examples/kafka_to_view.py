@@ -29,7 +29,9 @@ from mvsink import MVSink
 ORDER = "order_id long, product string, amount decimal(10,2)"
 
 
-def revenue_by_product(spark: SparkSession, bootstrap: str, topic: str, starting: str = "earliest") -> DataFrame:
+def revenue_by_product(
+    spark: SparkSession, bootstrap: str, topic: str, starting: str = "earliest"
+) -> DataFrame:
     """The view's query: ``product, revenue, orders`` over every order in ``topic``."""
     records = (
         spark.readStream.format("kafka")
@@ -50,7 +52,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="the query's checkpoint folder")
     parser.add_argument("--name", default="kafka_revenue", help="the view's name in the table's log")
     args = parser.parse_args()
-    spark = SparkSession.builder.appName("kafka-to-view").getOrCreate()
+    # A stateful query keeps its shuffle partitions in its checkpoint for good: Spark's 200
+    # would be 200 state stores an epoch for a view of a few products.
+    spark = (
+        SparkSession.builder.appName("kafka-to-view")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
     sink = MVSink(args.target, args.name, clock="source_offsets", checkpoint=args.checkpoint)
     query = (
         revenue_by_product(spark, args.bootstrap, args.topic)

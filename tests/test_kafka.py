@@ -525,3 +525,150 @@ def test_the_kafka_example_job_runs_and_verifies_from_earliest_but_not_from_late
         assert main(["verify", "--job", str(latest)]) == 2, starting
         err = capsys.readouterr().err
         assert "startingOffsets latest" in err and "set startingOffsets to earliest" in err
+
+
+def kafka_job(tmp_path: Path, kafka: Kafka, topic: str, clock: bool = True) -> Path:
+    """conf/kafka.toml for ``topic``, its view and checkpoint under ``tmp_path`` (without
+    ``clock = "source_offsets"`` unless ``clock``)."""
+    shipped = (Path("conf") / "kafka.toml").read_text()
+    job = tmp_path / "kafka.toml"
+    text = (
+        shipped.replace('"localhost:9092"', f'"{kafka.bootstrap}"')
+        .replace('"orders"', f'"{topic}"')
+        .replace('"data/checkpoints/kafka_revenue"', f'"{tmp_path / "ckpt"}"')
+        .replace('"./data/views/kafka_revenue"', f'"{tmp_path / "view"}"')
+    )
+    if not clock:
+        assert 'clock = "source_offsets"\n' in text
+        text = text.replace('clock = "source_offsets"\n', "")
+    job.write_text(text)
+    return job
+
+
+def run_once(job: Path) -> None:
+    """One epoch of the job file's query."""
+    from mvsink.cli.job import JobConfig
+    from mvsink.cli.runner import run_job
+
+    config = JobConfig.load(job)
+    config = config.model_copy(
+        update={"job": config.job.model_copy(update={"epochs": 1, "trigger_seconds": 0.5})}
+    )
+    assert [r.outcome for r in run_job(config, stop=threading.Event())] == ["committed"]
+
+
+def verify_job(spark: SparkSession, job: Path, tmp_path: Path) -> tuple[Any, Counter[Any]]:
+    """``verify --job`` in Python: the verification, and desired as a multiset."""
+    import tempfile
+
+    from mvsink.cli.job import JobConfig
+    from mvsink.ops.verify import desired_of_job, verify
+
+    config = JobConfig.load(job)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as scratch:
+        desired = desired_of_job(spark, config, scratch)
+        return verify(desired, config.sink.target, config.sink.name), multiset_of(desired)
+
+
+def test_verify_job_of_a_view_trailing_its_topic_computes_desired_at_the_views_offsets(
+    spark, kafka, tmp_path, monkeypatch, capsys
+):
+    """Issue 53: a view under the source offsets clock that merely trails its topic used to
+    verify as different (desired ran to the topic's end). Desired is computed at the view's
+    committed offsets, and verify says how far behind the topic the view is; a view that
+    differs at its own offsets still does."""
+    from deltalake import DeltaTable
+
+    from mvsink.cli import main
+
+    monkeypatch.syspath_prepend("examples")  # as PYTHONPATH=examples does (conf/kafka.toml)
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 200), key="order_id")
+    job = kafka_job(tmp_path, kafka, topic)
+    run_once(job)
+    view_at = checkpoint_offsets(str(tmp_path / "ckpt"), 0)
+    kafka.produce(topic, orders(200, 50), key="order_id")  # nobody reads these
+    end = ends(kafka, topic)
+    behind = {f"{topic}/{p}": end[topic][p] - view_at[topic].get(p, 0) for p in end[topic]}
+    assert sum(behind.values()) == 50
+
+    result, desired = verify_job(spark, job, tmp_path)
+    assert desired == revenue_of(spark, kafka, topic, view_at) != revenue_of(spark, kafka, topic, end)
+    assert result.ok and result.position is not None and result.position.at_view
+    assert result.position.view_offsets == (view_at,)
+    assert result.position.behind == behind and result.position.records_behind == 50
+
+    assert main(["verify", "--job", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "equals desired at the view's offsets" in out
+    assert f"the view is at offsets {json.dumps(view_at, separators=(',', ':'), sort_keys=True)}" in out
+    assert "50 record(s) behind its sources' end" in out, out
+    assert main(["verify", "--job", str(job), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["equal"] and printed["position"]["records_behind"] == 50
+    assert printed["position"]["at_view"] and printed["position"]["behind"] == behind
+
+    # A row of the view deleted: at its own offsets, the view differs.
+    DeltaTable(str(tmp_path / "view")).delete("product = 'p3'")
+    result, _ = verify_job(spark, job, tmp_path)
+    assert not result.ok and (result.missing, result.extra) == (1, 0)
+    assert result.missing_sample[0]["product"] == "p3"
+    assert result.position is not None and result.position.records_behind == 50
+    assert main(["verify", "--job", str(job)]) == 1
+    out = capsys.readouterr().out
+    assert "differs from desired at the view's offsets: 1 row(s) missing, 0 extra" in out
+    assert "50 record(s) behind" in out
+
+
+def test_verify_job_of_a_view_whose_last_epoch_another_replica_committed(spark, kafka, tmp_path, monkeypatch):
+    """The job's checkpoint holds no batch at the view's offsets (a replica with a checkpoint
+    of its own committed the view's last epoch): the Kafka offsets are spelled from the
+    committed time, and desired is computed there."""
+    monkeypatch.syspath_prepend("examples")
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 120), key="order_id")
+    job = kafka_job(tmp_path, kafka, topic)
+    run_once(job)
+    kafka.produce(topic, orders(120, 60), key="order_id")
+    other = str(tmp_path / "replica")  # the other replica: ahead of the job's checkpoint
+    sink = MVSink(str(tmp_path / "view"), "kafka_revenue", clock="source_offsets", checkpoint=other)
+    from kafka_to_view import revenue_by_product  # the job's query
+
+    query = (
+        revenue_by_product(spark, kafka.bootstrap, topic)
+        .writeStream.outputMode("complete")
+        .foreachBatch(sink)
+        .option("checkpointLocation", other)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    view_at = checkpoint_offsets(other, 0)
+    assert view_at == ends(kafka, topic) != checkpoint_offsets(str(tmp_path / "ckpt"), 0)
+    kafka.produce(topic, orders(180, 30), key="order_id")
+
+    result, desired = verify_job(spark, job, tmp_path)
+    assert desired == revenue_of(spark, kafka, topic, view_at)
+    assert result.ok and result.position is not None and result.position.at_view
+    assert result.position.view_offsets == (view_at,) and result.position.records_behind == 30
+
+
+def test_verify_job_of_a_view_under_the_batch_id_clock_still_runs_to_the_topics_end(
+    spark, kafka, tmp_path, monkeypatch, capsys
+):
+    """Without the source offsets clock the view's offsets are not in its log: desired is
+    computed over what the topic holds now, as before, so a trailing view differs."""
+    from mvsink.cli import main
+
+    monkeypatch.syspath_prepend("examples")
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 100), key="order_id")
+    job = kafka_job(tmp_path, kafka, topic, clock=False)
+    run_once(job)
+    kafka.produce(topic, orders(100, 20), key="order_id")
+    result, desired = verify_job(spark, job, tmp_path)
+    assert desired == revenue_of(spark, kafka, topic, ends(kafka, topic))
+    assert not result.equal and result.position is None
+    assert main(["verify", "--job", str(job)]) == 1
+    out = capsys.readouterr().out
+    assert "differs from desired: " in out and "offsets" not in out

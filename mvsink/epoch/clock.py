@@ -86,18 +86,103 @@ def read_checkpoint_file(
 ) -> str:
     """The text of a file of a streaming checkpoint (a local path or an object store URI,
     reached with the sink's ``storage_options``; ``s3a://`` is read as ``s3://``)."""
-    from mvsink.table.storage import Store
-    from mvsink.table.uris import table_root
-
     if checkpoint.startswith("s3a://"):
         checkpoint = "s3://" + checkpoint.removeprefix("s3a://")
     try:
-        data = Store(table_root(checkpoint), dict(storage_options)).get(relative)
+        data = _checkpoint_store(checkpoint, storage_options).get(relative)
     except Exception as exc:
         raise ConfigError(f"cannot read {relative} of checkpoint {checkpoint}: {exc}", where) from exc
     if data is None:
         raise ConfigError(f"checkpoint {checkpoint} has no {relative}: is it the query's checkpoint?", where)
     return bytes(data.to_pybytes()).decode()
+
+
+def _checkpoint_store(checkpoint: str, storage_options: Mapping[str, str]) -> Store:
+    from mvsink.table.storage import Store
+    from mvsink.table.uris import table_root
+
+    if checkpoint.startswith("s3a://"):
+        checkpoint = "s3://" + checkpoint.removeprefix("s3a://")
+    return Store(table_root(checkpoint), dict(storage_options))
+
+
+@dataclass(frozen=True)
+class RecordedOffsets:
+    """A batch's end offsets as a query's checkpoint spells them (``offsets/<id>``: ``v1``, the
+    batch's metadata, then one line per source: its offset as JSON, or ``-``)."""
+
+    text: str
+    batch: int | None
+    """The checkpoint's batch that ended there (None: spelled from a committed time)."""
+
+    @property
+    def sources(self) -> list[Any]:
+        """Each source's offset, as JSON (None: the source had none yet)."""
+        return [None if line.strip() == "-" else json.loads(line) for line in self.text.splitlines()[2:]]
+
+    @property
+    def kafka(self) -> bool:
+        """Whether every source is a Kafka source with an offset (topic -> partition -> offset)."""
+        sources = self.sources
+        return bool(sources) and all(_is_kafka(offset) for offset in sources)
+
+
+def recorded_batches(checkpoint: str, storage_options: Mapping[str, str], where: Where) -> list[int]:
+    """The batches whose end offsets the checkpoint still holds (Spark keeps its last ones
+    only), newest first."""
+    try:
+        paths = _checkpoint_store(checkpoint, storage_options).files("offsets")
+    except Exception as exc:
+        raise ConfigError(f"cannot list the offsets of checkpoint {checkpoint}: {exc}", where) from exc
+    names = (p.rpartition("/")[2] for p in paths)
+    return sorted((int(n) for n in names if n.isdigit()), reverse=True)
+
+
+def last_offsets(checkpoint: str, storage_options: Mapping[str, str], where: Where) -> RecordedOffsets | None:
+    """The end offsets of the checkpoint's last batch (None: it has run none)."""
+    batches = recorded_batches(checkpoint, storage_options, where)
+    if not batches:
+        return None
+    text = read_checkpoint_file(checkpoint, f"offsets/{batches[0]}", storage_options, where)
+    return RecordedOffsets(text, batches[0])
+
+
+def committed_offsets(snap: Snapshot, opts: SinkOptions, where: Where) -> RecordedOffsets | None:
+    """The view's committed time under ``clock = "source_offsets"`` as its query's checkpoint
+    (``opts.checkpoint``) spells end offsets, so that a fresh query can be run to them
+    (``ops/verify``): the file of the checkpoint's newest batch that ended at that time, or,
+    where the checkpoint holds none (another replica's checkpoint committed it, or Spark no
+    longer keeps the batch) and every source is Kafka, its newest batch's file with the
+    committed offsets in place of its own. None: the view has no committed time, or it
+    cannot be spelled so (a part the checkpoint's batches do not name)."""
+    assert opts.checkpoint is not None
+    batches = recorded_batches(opts.checkpoint, opts.storage_options, where)
+    for batch in batches:
+        time = _offsets(opts, batch, where)
+        if compare(time, committed_time(snap, opts.app_id, time)) == "same":
+            text = read_checkpoint_file(opts.checkpoint, f"offsets/{batch}", opts.storage_options, where)
+            return RecordedOffsets(text, batch)
+    if not batches:
+        return None
+    newest = RecordedOffsets(
+        read_checkpoint_file(opts.checkpoint, f"offsets/{batches[0]}", opts.storage_options, where), None
+    )
+    if not newest.kafka:
+        return None
+    committed = committed_time(snap, opts.app_id, _offsets(opts, batches[0], where))
+    if committed is None:
+        return None
+    lines, parts = newest.text.splitlines()[:2], set(committed)
+    for i, offset in enumerate(newest.sources):
+        spelled = {
+            topic: {p: committed.get(f"{i}.{topic}.{p}") for p in partitions}
+            for topic, partitions in offset.items()
+        }
+        parts -= {f"{i}.{topic}.{p}" for topic, partitions in offset.items() for p in partitions}
+        if any(o is None for partitions in spelled.values() for o in partitions.values()):
+            return None  # a partition the view never read: no offset to end it at
+        lines.append(json.dumps(spelled, separators=(",", ":")))
+    return None if parts else RecordedOffsets("\n".join(lines), None)
 
 
 def _offsets(opts: SinkOptions, batch_id: int, where: Where) -> Time:

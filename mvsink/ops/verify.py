@@ -6,6 +6,12 @@ row fingerprint (mvsink's row equality: null-safe, NaN equal to NaN, maps order-
 Spark aggregation, so nothing row-sized comes to the driver but the samples. Given the view's
 name, it also checks the view's stored index: every entry the sink would trust must hold its
 file's fingerprints (tasks read the files a second time for that).
+
+``desired_of_job`` runs a job's streaming query once from a fresh checkpoint. A view whose
+clock is ``source_offsets`` has committed known offsets: for Kafka sources, the fresh query is
+run to them (its offset log seeded with them as batch 0's end, which Spark runs as an
+uncommitted batch; what comes after is read but not kept), so a view that merely trails its
+topic verifies equal, and the result says how far behind the topic's end it is (``Position``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import json
 import math
 import os
 import re
+import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -23,6 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink.compat import logical_plan, release
+from mvsink.epoch.clock import RecordedOffsets, committed_offsets, last_offsets
 from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.plan.rules import rules_for
@@ -36,6 +45,61 @@ from mvsink.table.storage import Store
 from mvsink.table.write import Layout, raise_task_errors
 
 FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where ``verify --job`` computed desired of a view under ``clock = "source_offsets"``,
+    against where the view is."""
+
+    view_offsets: tuple[Any, ...] | None
+    """The view's committed offsets, one per source of its query, as its checkpoint spells
+    them (Kafka: topic -> partition -> next offset); None where they are not known."""
+    at_view: bool
+    """Desired was computed at the view's offsets (else over what the sources hold now)."""
+    behind: dict[str, int] | None = None
+    """Kafka, desired computed at the view's offsets: per ``topic/partition``, how many
+    offsets (records) the topic held past the view's when verify ran; None where not known."""
+    reason: str | None = None
+    """Why desired was not computed at the view's offsets."""
+
+    @property
+    def records_behind(self) -> int | None:
+        """All of ``behind``: how many records the view has not read yet."""
+        return None if self.behind is None else sum(self.behind.values())
+
+    def describe(self) -> list[str]:
+        """What the text of a verification says about it, indented."""
+        at = (
+            f"the view is at offsets {_spelled(self.view_offsets)}"
+            if self.view_offsets is not None
+            else "the view's offsets are not known"
+        )
+        if not self.at_view:
+            return [
+                f"  {at}; desired was computed over what its sources hold now, not at them "
+                f"({self.reason}): a view that trails its sources differs by what it has not read yet"
+            ]
+        total = self.records_behind
+        if total is None:
+            return [f"  {at}, where desired was computed; its sources may hold more"]
+        if total == 0:
+            return [f"  {at}, where desired was computed: its sources hold nothing past them"]
+        parts = ", ".join(f"{p} {n:,}" for p, n in sorted(self.behind.items()) if n) if self.behind else ""
+        return [
+            f"  {at}, where desired was computed; it is {total:,} record(s) behind its sources' "
+            f"end ({parts}), which the next epochs read"
+        ]
+
+
+def _spelled(offsets: tuple[Any, ...]) -> str:
+    """Sources' offsets as the text says them: one source's JSON alone, several as a list."""
+    text = [json.dumps(o, separators=(",", ":"), sort_keys=True) for o in offsets]
+    return text[0] if len(text) == 1 else f"[{', '.join(text)}]"
+
+
+# What desired_of_job knows about the DataFrames it returns, for verify to report.
+_POSITIONS: weakref.WeakKeyDictionary[DataFrame, Position] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -60,6 +124,10 @@ class Verification:
     size and row count match the log) does not hold the file's rows, e.g. a file replaced in
     place by one of the same size. The sink would compute wrong corrections from them: delete
     their entries (``_mvsink/<view>/index/``) and it recomputes them."""
+    position: Position | None = None
+    """``verify --job`` of a view under ``clock = "source_offsets"``: where desired was
+    computed (at the view's committed offsets, for Kafka sources) and how far behind its
+    sources the view is."""
 
     @property
     def equal(self) -> bool:
@@ -72,19 +140,25 @@ class Verification:
         return self.equal and not self.index_mismatches
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "equal": self.equal, **asdict(self)}
+        out = {"format": FORMAT, "equal": self.equal, **asdict(self)}
+        if self.position is not None:
+            out["position"]["records_behind"] = self.position.records_behind
+        return out
 
     def __str__(self) -> str:
         head = f"{self.target} (view {self.view}, version {self.table_version})"
+        desired = "desired at the view's offsets" if self.position and self.position.at_view else "desired"
         stale = [
             f"  index entry contradicts its data file (delete the entry; the sink recomputes it): {p}"
             for p in self.index_mismatches
         ]
+        where = self.position.describe() if self.position is not None else []
         if self.equal:
-            return "\n".join([f"{head} equals desired: {self.target_rows:,} rows", *stale])
+            return "\n".join([f"{head} equals {desired}: {self.target_rows:,} rows", *where, *stale])
         lines = [
-            f"{head} differs from desired: {self.missing:,} row(s) missing, {self.extra:,} extra "
-            f"(target {self.target_rows:,} rows, desired {self.desired_rows:,})"
+            f"{head} differs from {desired}: {self.missing:,} row(s) missing, {self.extra:,} extra "
+            f"(target {self.target_rows:,} rows, desired {self.desired_rows:,})",
+            *where,
         ]
         for label, sample in (("missing", self.missing_sample), ("extra", self.extra_sample)):
             lines += [f"  {label}: {json.dumps(r, default=str, sort_keys=True)}" for r in sample]
@@ -99,7 +173,8 @@ def verify(
     *,
     sample: int = 20,
 ) -> Verification:
-    """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets."""
+    """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets.
+    Desired from ``desired_of_job`` carries where it was computed (``Verification.position``)."""
     options = dict(storage_options or {})
     where = Where(name, target)
     target = locate(target, where, desired.sparkSession)
@@ -111,7 +186,13 @@ def verify(
     if not snap.exists or snap.schema_json is None:
         raise ConfigError("there is no Delta table to verify (check the path)", where)
     snap.require_rows(where)
-    check_fits(stored, snap.schema_json, where)
+    check_fits(
+        stored,
+        snap.schema_json,
+        where,
+        advice="Desired is compared with the table as it is: select and cast the view's columns in "
+        "the --sql query, or give the job file the view runs (--job).",
+    )
     layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
     want = with_fingerprints(desired, layout).persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once
     fp = [FP_A, FP_B]
@@ -127,7 +208,7 @@ def verify(
         if name and snap.files:
             index = StoredIndex.of(Store(snap.root, options), name, layout.arrow)
             result = replace(result, index_mismatches=tuple(mismatched_entries(spark, snap, index, layout)))
-        return result
+        return replace(result, position=_POSITIONS.get(desired))
     except Exception as exc:
         raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
         raise
@@ -271,18 +352,18 @@ def replay_refusal(plan: str) -> str | None:
 
 def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
     """Desired of a complete-mode job file's view, computed once: its streaming query run over
-    what its sources hold now (a fresh checkpoint under ``scratch``), the last batch kept."""
+    what its sources hold now (a fresh checkpoint under ``scratch``), the last batch kept.
+
+    A view under ``clock = "source_offsets"`` reading Kafka: its query run to the view's
+    committed offsets instead (``_seed``), batch 0 kept; ``verify`` reports where desired was
+    computed and how far behind its topic the view is (``Position``)."""
     if job.job.output_mode != "complete" or job.sink.mode != "complete":
         raise ConfigError(
             "verify --job needs a complete-mode job (a batch of an upsert or append query is not "
             "the whole view); give the view's query with --sql instead",
             Where(job.sink.name, job.sink.target),
         )
-    out = f"{scratch}/desired"
-
-    def keep(batch: DataFrame, _: int) -> None:
-        batch.write.mode("overwrite").parquet(out)
-
+    out, checkpoint = f"{scratch}/desired", f"{scratch}/checkpoint"
     where = Where(job.sink.name, job.sink.target)
     stream = job.job.query_of(spark)
     refusal = replay_refusal(logical_plan(stream))
@@ -292,24 +373,115 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
             "that holds everything the view read",
             where,
         )
+    view, why_not = _view_offsets(spark, job, where)
+    seeded = view is not None and why_not is None
+    if view is not None and seeded:
+        _seed(checkpoint, view)
+
+    def keep(batch: DataFrame, batch_id: int) -> None:
+        if not seeded or batch_id == 0:
+            batch.write.mode("overwrite").parquet(out)
+        else:  # past the view's offsets: run (a stateful query's state must commit), not kept
+            batch.write.format("noop").mode("overwrite").save()
+
     try:
         query = (
             stream.writeStream.outputMode("complete")
             .foreachBatch(keep)
-            .option("checkpointLocation", f"{scratch}/checkpoint")
+            .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
         )
         query.awaitTermination()
     except Exception as exc:
         raise InputError(f"the job's query failed: {first_line(exc)}", where) from None
+    position = None
+    if view is not None and seeded:
+        position = Position(tuple(view.sources), True, _behind(query, checkpoint, view, where))
+    elif why_not is not None:
+        position = Position(tuple(view.sources) if view is not None else None, False, reason=why_not)
     if not os.path.exists(out):  # no batch ran: the sources hold nothing yet
         empty: DataFrame = spark.createDataFrame([], stream.schema)
-        return empty
-    result: DataFrame = spark.read.parquet(out)
+        result = empty
+    else:
+        result = spark.read.parquet(out)
     if job.sink.on_error == "table":  # error rows belong in the errors table, not the view
         target = locate(job.sink.target, where, spark)
         snap = load_snapshot(target, job.sink.app_id, job.sink.storage_options, where, writing=False)
         rules = rules_for(snap, job.sink, where)
         result = result.where(rules.broken().isNull())
+    if position is not None:
+        _POSITIONS[result] = position
     return result
+
+
+def _view_offsets(spark: Any, job: Any, where: Where) -> tuple[RecordedOffsets | None, str | None]:
+    """Under ``clock = "source_offsets"``: the view's committed offsets as its query's
+    checkpoint spells them, and why desired cannot be computed at them (None: it can). Both
+    None under another clock, or without a table (``verify`` says so)."""
+    opts = job.sink
+    if opts.clock != "source_offsets" or not opts.checkpoint:
+        return None, None
+    snap = load_snapshot(
+        locate(opts.target, where, spark), opts.app_id, opts.storage_options, where, writing=False
+    )
+    if not snap.exists:
+        return None, None
+    try:
+        view = committed_offsets(snap, opts, where)
+    except ConfigError as exc:
+        return None, f"its query's checkpoint could not tell the view's offsets: {exc}"
+    if view is None:
+        return None, (
+            f"its query's checkpoint {opts.checkpoint} holds no batch that ended at the view's "
+            "committed offsets"
+        )
+    if not view.kafka:
+        return view, "only a query whose sources are all Kafka is run to a view's offsets"
+    return view, None
+
+
+def _seed(checkpoint: str, view: RecordedOffsets) -> None:
+    """Make ``checkpoint`` a query's whose batch 0 ended at the view's offsets and never
+    committed: Spark runs such a batch again to exactly those offsets, from where a fresh query
+    starts (its ``startingOffsets``). Its metadata (the query's id) too: Spark 4 refuses an
+    offset log without it."""
+    os.makedirs(f"{checkpoint}/offsets", exist_ok=True)
+    with open(f"{checkpoint}/metadata", "w") as fh:
+        fh.write(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    with open(f"{checkpoint}/offsets/0", "w") as fh:
+        fh.write(view.text)
+
+
+def _behind(query: Any, checkpoint: str, view: RecordedOffsets, where: Where) -> dict[str, int]:
+    """Make sure batch 0 ran to the view's offsets, and count, per Kafka topic partition, how
+    far the last batch (the topic's end when the query started) went past them."""
+    wanted = view.sources
+    for progress in query.recentProgress:  # what Spark says batch 0 read, while it keeps it
+        if progress["batchId"] == 0:
+            ends = [_json(source["endOffset"]) for source in progress["sources"]]
+            if ends != wanted:
+                raise InputError(
+                    f"verify --job seeded the job's query with the view's offsets {_spelled(tuple(wanted))}, "
+                    f"but its first batch ended at {_spelled(tuple(ends))}: desired is not known there",
+                    where,
+                )
+    if not os.path.exists(f"{checkpoint}/commits/0"):
+        raise InputError(
+            "verify --job seeded the job's query with the view's offsets, but its first batch did "
+            "not run: desired is not known there",
+            where,
+        )
+    last = last_offsets(checkpoint, {}, where)
+    ends = last.sources if last is not None else wanted
+    behind: dict[str, int] = {}
+    for at, end in zip(wanted, ends, strict=True):
+        for topic, partitions in end.items():
+            for partition, offset in partitions.items():
+                behind[f"{topic}/{partition}"] = offset - at.get(topic, {}).get(partition, 0)
+    return behind
+
+
+def _json(value: Any) -> Any:
+    """An offset in a query's progress: JSON text (Spark 4) or already parsed (3.5)."""
+    return json.loads(value) if isinstance(value, str) else value
