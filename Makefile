@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and Java 17+ needed):
-#   make demo   creates .venv, installs mvsink, runs the embedded default job
+#   make demo   creates .venv, installs mvsink (no dev tools), runs the embedded default job
 #   make test   creates .venv (and .venv-spark35, PySpark 3.5; .venv-delta, PySpark 4.2 for the
 #               JVM Delta line), fetches the JVM jars the lines need from Maven Central (jvm/)
 #               and Azurite from npm (tools/), installs mvsink with its dev tools, runs the
@@ -29,6 +29,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# The demo's light install: mvsink and what it needs to run, no dev tools.
+DEMO_STAMP := $(VENV)/.mvsink-demo-installed
+
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	@touch $(DEMO_STAMP)
 
 # The Delta line: mvsink beside the JVM Delta runtime Spark users run (delta-spark 4.4, which
 # needs PySpark 4.2.x), in a virtualenv of its own. Its jars: MVSINK_DELTA_JARS (here, the ones
@@ -63,7 +72,7 @@ $(NODE_STAMP): tools/package.json tools/package-lock.json
 	elif npm ci --prefix tools --no-audit --no-fund --loglevel=error; then touch $(NODE_STAMP); \
 	else echo "make: npm could not install Azurite: the Azure store tests will be skipped" >&2; fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/mvsink run
 
 # The lines run in two tracks side by side, each line's output in build/test/LINE.log
