@@ -8,6 +8,7 @@ default runs: the demo revenue view of ``mvsink.demo``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -87,13 +88,6 @@ def _load(option: str, entry: str, args: dict[str, Any]) -> Callable[..., Any]:
     module, func = entry.split(":")
     try:
         fn: Callable[..., Any] = getattr(importlib.import_module(module), func)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module.startswith(exc.name):
-            raise ConfigError(f"option 'job.{option}': importing {module!r} failed: {exc}") from None
-        raise ConfigError(
-            f"option 'job.{option}': no module {exc.name!r} in the working folder, beside the job "
-            "file or on PYTHONPATH (put its folder on PYTHONPATH)"
-        ) from None
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"option 'job.{option}': cannot load {entry!r}: {exc}") from None
     try:
@@ -106,22 +100,37 @@ def _load(option: str, entry: str, args: dict[str, Any]) -> Callable[..., Any]:
 
 
 def importable(job: JobOptions, path: str | Path | None) -> None:
-    """Make the job's own modules importable, then import and check its ``query`` and ``feed``
-    (a ``ConfigError`` naming where it looked), all before Spark starts.
+    """Make the job's own modules importable and check its ``query`` and ``feed`` before Spark
+    starts: a module found nowhere is a ``ConfigError`` naming where it was looked for.
 
-    A job's modules are looked for in the working folder and beside the job file, ahead of
-    ``PYTHONPATH``; the same folders go on ``PYTHONPATH`` for the Python processes Spark starts
-    (its workers unpickle the query's functions by module)."""
+    A job's modules are looked for on ``sys.path``, then in the working folder and beside the
+    job file; those folders go on ``PYTHONPATH`` too, after what it holds, for the Python
+    processes Spark starts (its workers unpickle the query's functions by module). Found, a
+    module is imported and its function's arguments checked, unless importing it needs a
+    running Spark (a UDF made at import): then that check waits for the query."""
     folders = [os.getcwd()] + ([os.path.dirname(os.path.abspath(path))] if path is not None else [])
-    for folder in reversed(folders):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    known = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    added = [f for f in folders if f not in known]
-    os.environ["PYTHONPATH"] = os.pathsep.join(added + [p for p in known if p])
-    _load("query", job.query, job.args)
-    if job.feed is not None:
-        _load("feed", job.feed, job.args)
+    sys.path.extend(f for f in folders if f not in sys.path)
+    known = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(known + [f for f in folders if f not in known])
+    for option, entry in (("query", job.query), ("feed", job.feed)):
+        if entry is None:
+            continue
+        module = entry.split(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its package is missing
+            found = False
+        if not found:
+            raise ConfigError(
+                f"option 'job.{option}': no module {module!r} on the Python path, in the working "
+                "folder or beside the job file (put its folder on PYTHONPATH)"
+            )
+        try:
+            _load(option, entry, job.args)
+        except ConfigError:
+            raise
+        except Exception:  # it needs a running Spark to import: _load checks it once there is one
+            sys.modules.pop(module, None)
 
 
 class JobConfig(BaseModel):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -84,7 +85,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "-v", "--verbose", action="store_true", help="log every sink step (phases, retries, sweeps)"
     )
     _conf_option(run)
-    fr = sub.add_parser("frontier", help="print a view's frontier (empty if none)")
+    fr = sub.add_parser("frontier", help="print a view's frontier (exit 1 if it never committed there)")
     fr.add_argument("target")
     fr.add_argument("name")
     _conf_option(fr)
@@ -383,15 +384,18 @@ then write your own job file (conf/*.toml) or call MVSink from your query (READM
 
 def _job_args(values: Sequence[str]) -> dict[str, Any]:
     """``--arg KEY=VALUE`` pairs, each VALUE read as a TOML value (``9092``, ``true``,
-    ``"a b"``) or, when it is not one, as the string it is."""
+    ``"a b"``) or, when it is not one (or one a job's args cannot hold), as the string it is."""
     import tomllib
 
     parsed: dict[str, Any] = {}
     for key, value in _pairs(values, "--arg").items():
         try:
-            parsed[key] = tomllib.loads(f"v = {value}")["v"]
+            read = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
-            parsed[key] = value
+            read = value
+        # What [job] args can hold (numbers, booleans, strings); a date or nan stays as typed.
+        usable = isinstance(read, bool | int | str) or (isinstance(read, float) and math.isfinite(read))
+        parsed[key] = read if usable else value
     return parsed
 
 

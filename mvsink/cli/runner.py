@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import logging
+import signal
 import sys
 import threading
 import time
@@ -65,17 +66,21 @@ def run_job(
     """Run the job until ``config.job.epochs`` epochs ran, ``stop`` is set, or it fails (the
     sink's ``MVSinkError``, as raised, when the sink failed the batch).
 
-    Ctrl-C (``KeyboardInterrupt`` in this, the main thread) stops the query once the epoch in
-    flight is over, however it ends: its commit landed or not, the log says which, so the next
-    run knows where the view stands. A second Ctrl-C stops it at once: the epoch is then
-    abandoned, which a crash could do too (its staged files are the next sweep's, I4). Either
+    Ctrl-C (SIGINT) stops the query once the epoch in flight is over, however it ends: its
+    commit landed or not, the log says which, so the next run knows where the view stands. The
+    session's JVM (with Spark's Python workers) runs in a process group of its own, so a
+    terminal's Ctrl-C reaches this process only, whose handler (``_Interrupts``, while the
+    query runs) lets the epoch finish. A second Ctrl-C cancels the epoch's Spark jobs: it is
+    abandoned, as a crash could abandon it (its staged files are the next sweep's, I4). Either
     way ``Interrupted`` says where the view stands.
 
     ``explicit`` Spark settings win over the launcher's (spark-submit), which win over the job
     file's ``[spark]`` (``cli.session``)."""
     spark_conf = dict(config.spark)
     master = spark_conf.pop("spark.master", "local[2]")
-    spark = local_session("mvsink-job", master=master, conf=spark_conf, explicit=explicit)
+    spark = local_session(
+        "mvsink-job", master=master, conf=spark_conf, explicit=explicit, own_process_group=True
+    )
     job = config.job
     sink = MVSink.from_options(config.sink)
     job.feed_once(spark)  # the first epoch's input
@@ -112,15 +117,16 @@ def run_job(
         .trigger(processingTime=f"{job.trigger_seconds} seconds")
         .start()
     )
+    interrupts = _Interrupts(stop, spark)
     try:
-        try:
+        with interrupts:
             while query.isActive and not stop.wait(0.2):
                 pass
-        except KeyboardInterrupt:
-            stop.set()
-            _finish_epoch(in_flight)
-            query.stop()
-            raise Interrupted(_stands(sink, reports)) from None
+            if interrupts.count:
+                while in_flight.is_set():  # the epoch in flight ends (or a second Ctrl-C ends it)
+                    time.sleep(0.1)
+                query.stop()
+                raise Interrupted(_stands(sink, reports))
         if query.exception() is not None:
             if failed:  # the sink's own error says what happened and what to do
                 raise failed[-1] from None
@@ -130,16 +136,35 @@ def run_job(
     return reports
 
 
-def _finish_epoch(in_flight: threading.Event) -> None:
-    """Wait for the epoch in flight to end; a second Ctrl-C stops waiting."""
-    if not in_flight.is_set():
-        return
-    print("mvsink: stopping after the epoch in flight (Ctrl-C again to abandon it) ...", file=sys.stderr)
-    try:
-        while in_flight.is_set():
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        print("mvsink: epoch abandoned", file=sys.stderr)
+class _Interrupts:
+    """Ctrl-C while a job's query runs: the first sets ``stop`` (the runner lets the epoch in
+    flight finish, then stops the query); a second cancels the session's Spark jobs, which
+    abandons the epoch. PySpark's own handler, which cancels every job at the first, is put
+    back on exit. Outside the main thread (where Python takes no signal) it does nothing."""
+
+    def __init__(self, stop: threading.Event, spark: Any) -> None:
+        self.stop, self.spark, self.count = stop, spark, 0
+        self.previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _on_interrupt(self, _signum: int, _frame: Any) -> None:
+        self.count += 1
+        if self.count == 1:
+            print(
+                "mvsink: stopping after the epoch in flight (Ctrl-C again to abandon it) ...", file=sys.stderr
+            )
+            self.stop.set()
+        elif self.count == 2:
+            print("mvsink: abandoning the epoch in flight ...", file=sys.stderr)
+            self.spark.sparkContext.cancelAllJobs()
 
 
 def _stands(sink: MVSink, reports: list[EpochReport]) -> str:

@@ -97,9 +97,14 @@ def local_session(
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
     explicit: Mapping[str, str] | None = None,
+    own_process_group: bool = False,
 ) -> SparkSession:
     """Get or create a SparkSession: ``explicit``, then the launcher's settings, then ``conf``
-    and ``master``, then ``DEFAULTS`` (the module's docstring)."""
+    and ``master``, then ``DEFAULTS`` (the module's docstring).
+
+    ``own_process_group``: a JVM started here runs in a process group of its own, with Spark's
+    Python workers, so a terminal's Ctrl-C reaches this process alone (``mvsink run`` stops
+    a job between epochs; PySpark's workers would take it as a ``KeyboardInterrupt`` each)."""
     # Python workers must run this interpreter, which has pyarrow (not whatever is on PATH).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if SparkContext._active_spark_context is not None:
@@ -117,9 +122,24 @@ def local_session(
         if str(settings["spark.master"]).startswith("local"):
             # A local job needs no routable address; this also silences Spark's loopback warning.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
+    app = settings.pop("spark.app.name", app_name)
+    if own_process_group and SparkContext._gateway is None and not under_spark_submit():
+        _launch_apart({**settings, "spark.app.name": app})
+    builder = SparkSession.builder.appName(app)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _launch_apart(settings: Mapping[str, str]) -> None:
+    """Start the session's JVM as PySpark would (``spark-submit`` with the session's settings),
+    in a new session of its own: out of the terminal's process group."""
+    from pyspark.java_gateway import launch_gateway
+
+    launch_conf = SparkConf(loadDefaults=False)
+    for key, value in settings.items():
+        launch_conf.set(key, value)
+    gateway = launch_gateway(launch_conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)

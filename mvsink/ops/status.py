@@ -4,9 +4,9 @@ Everything comes from the latest snapshot (frontier, lineage and promotion app t
 the file list) and the commit metadata mvsink writes with every commit (``mvsink.view``,
 ``mvsink.epoch``, ``mvsink.inserted`` ..., ``mvsink.attempts``) over the last ``history``
 commits, plus the notes stalled sinks leave (``clock.Stall``). No data file is read, so it
-is cheap on any table and store. Small files are judged as the view's last compaction within
-those commits judged them, by the ``max_rows_per_file`` it recorded (``ops/compact.py``), else
-by the ``small_rows`` given.
+is cheap on any table and store. Small files are those under the ``small_rows`` given, or under
+the threshold of the view's last compaction within those commits (a quarter of the
+``max_rows_per_file`` it recorded, ``ops/compact.py``) when that is lower.
 
 Where there is no table, ``describe_missing_table`` says what is there instead.
 
@@ -111,8 +111,8 @@ class Status:
     """Files with fewer than ``small_rows`` rows (or no row count): what compaction looks at
     (it merges two or more in a partition, up to its row limit per run)."""
     small_rows: int
-    """A quarter of ``compacted_to`` when the history read holds a compaction that recorded
-    it, else the threshold the caller gave."""
+    """The threshold the caller gave, or a quarter of ``compacted_to`` when that is lower: a
+    file is small only if it is small both to the sink's files and to its last compaction's."""
     views: tuple[ViewStatus, ...]
     history: int
     """How many of the newest commits were read for the per-commit figures."""
@@ -137,7 +137,7 @@ class Status:
         judged = (
             ""
             if self.compacted_to is None
-            else f", a quarter of the {self.compacted_to:,} rows per file of the last compaction"
+            else f"; the last compaction wrote files of up to {self.compacted_to:,} rows"
         )
         lines = [
             f"{self.target}: version {self.table_version}, {rows} in {self.files:,} files "
@@ -200,8 +200,8 @@ def status(
     store = Store(snap.root, options)
     views = tuple(_view(snap, n, commits, stall_notes(store, snap, n), store) for n in names)
     compacted = _compacted_to(commits, names)
-    if compacted is not None:
-        small_rows = small_rows_of(compacted)
+    if compacted is not None and small_rows_of(compacted) < small_rows:
+        small_rows = small_rows_of(compacted)  # what compaction just wrote is not small to it
     return Status(
         target=target,
         table_version=snap.version,

@@ -88,7 +88,7 @@ class Vacuum:
         folders = "removed" if self.applied else "would remove"
         return (
             f"{self.target}: {verb} {len(self.data_files):,} data file(s), {self.data_bytes:,} bytes "
-            f"({left:,} that left the table longer ago than the retention, "
+            f"({left:,} no longer in the table, "
             f"{len(self.never_committed):,} staged by attempts that never committed), and "
             f"{len(self.index_entries):,} index entries, {self.index_bytes:,} bytes; "
             f"{folders} {len(self.staging_folders):,} staging folder(s) left empty"
@@ -219,11 +219,16 @@ def _never_committed(store: Store, listed: Mapping[str, tuple[int, float]], file
         return set()
     start = min(kept)
     since = min(unknown.values(), default=0.0) - CLOCK_MARGIN
+    read = 0
     for version in sorted(kept, reverse=True):
         if not unknown:
             break
         if kept[version] < since:
             continue  # written before every file left to account for: it names none of them
+        if read == MAX_COMMITS_READ:
+            start = version + 1  # what the commits read prove, as if the log began there
+            break
+        read += 1
         actions = log_actions(store, version)
         if actions is None:  # cleaned up since the listing: the log now starts after it
             start = version + 1
@@ -246,6 +251,10 @@ def _absolute(path: str) -> bool:
     """Whether a log path is a URI or an absolute path (a file outside the table's folder)."""
     return "://" in path or path.startswith("/")
 
+
+MAX_COMMITS_READ = 2_000
+"""Commits one vacuum reads at most to tell never committed files apart (one GET each on an
+object store): a file older than the commits read is not claimed never committed."""
 
 _VECTOR_FILE = "deletion_vector_"
 """Deletion vector files are named by an encoded id in the log, never by their path: the log

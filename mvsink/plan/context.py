@@ -204,14 +204,17 @@ class EpochContext:
         the epoch is doing (``progress``): ``detail`` gives its rows or files where known."""
         doing = f"{self.where}: {name}" + (f" ({detail})" if detail else "")
         progress.debug("%s ...", doing)
-        long = threading.Timer(PROGRESS_AFTER, progress.info, ("%s: still running ...", doing))
-        long.daemon = True
-        long.start()
+        long = None
+        if progress.isEnabledFor(logging.INFO):
+            long = threading.Timer(PROGRESS_AFTER, progress.info, ("%s: still running ...", doing))
+            long.daemon = True
+            long.start()
         start = time.monotonic()
         try:
             yield
         finally:
-            long.cancel()
+            if long is not None:
+                long.cancel()
             took = time.monotonic() - start
             self.phases[name] = self.phases.get(name, 0.0) + took
             progress.log(logging.INFO if took >= PROGRESS_AFTER else logging.DEBUG, "%s: %.1fs", doing, took)

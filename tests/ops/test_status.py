@@ -33,12 +33,17 @@ def test_small_files_are_judged_by_the_rows_per_file_of_the_last_compaction(spar
     assert commit_info(local_target, done.version)["mvsink.max_rows_per_file"] == "100"
     after = status(local_target, small_rows=12_500)
     assert (after.files, after.small_files, after.small_rows, after.compacted_to) == (2, 0, 25, 100)
-    judged = "0 with fewer than 25 rows, a quarter of the 100 rows per file of the last compaction"
+    judged = "0 with fewer than 25 rows; the last compaction wrote files of up to 100 rows"
     assert judged in str(after)
     assert after.to_json()["compacted_to"] == 100
 
     sink(people(spark, range(205)), 1)  # five rows more: a small file to the compaction too
     assert status(local_target, "v", small_rows=12_500).small_files == 1
+
+    # A compaction to bigger files than the sink's own does not make the sink's files small.
+    compact(local_target, "v", max_rows_per_file=1_000_000)
+    bigger = status(local_target, "v", small_rows=10)
+    assert (bigger.compacted_to, bigger.small_rows) == (1_000_000, 10)
 
 
 @pytest.mark.single_engine  # no table is made: nothing commits

@@ -85,7 +85,7 @@ def test_after_epochs_and_a_compaction_every_file_left_the_table_and_apply_remov
     plan = vacuum(target)
     assert set(plan.data_files) == left and len(left) >= 5
     assert plan.never_committed == ()
-    assert f"({len(left)} that left the table longer ago than the retention, 0 staged by" in str(plan)
+    assert f"({len(left)} no longer in the table, 0 staged by" in str(plan)
     live_folders = {p.split("/")[0] for p in live}
     emptied = set(_staging_folders(target)) - live_folders
     assert emptied and set(plan.staging_folders) == emptied  # a dry run: still there
@@ -128,7 +128,7 @@ def test_a_crashed_attempts_staged_folder_is_reported_as_never_committed(spark, 
 
     plan = vacuum(local_target)
     assert set(plan.data_files) == set(plan.never_committed) == staged
-    assert f"(0 that left the table longer ago than the retention, {len(staged)} staged by" in str(plan)
+    assert f"(0 no longer in the table, {len(staged)} staged by" in str(plan)
     assert plan.staging_folders == tuple(sorted([crashed, os.path.basename(earlier)]))
 
     done = vacuum(local_target, apply=True)
