@@ -557,16 +557,19 @@ def run_once(job: Path) -> None:
     assert [r.outcome for r in run_job(config, stop=threading.Event())] == ["committed"]
 
 
-def verify_job(spark: SparkSession, job: Path, tmp_path: Path) -> tuple[Any, Counter[Any]]:
-    """``verify --job`` in Python: the verification, and desired as a multiset."""
+def verify_job(
+    spark: SparkSession, job: Path, tmp_path: Path, scratch: Path | None = None
+) -> tuple[Any, Counter[Any]]:
+    """``verify --job`` in Python: the verification, and desired as a multiset (computed in
+    ``scratch``, else in a folder of its own)."""
     import tempfile
 
     from mvsink.cli.job import JobConfig
     from mvsink.ops.verify import desired_of_job, verify
 
     config = JobConfig.load(job)
-    with tempfile.TemporaryDirectory(dir=tmp_path) as scratch:
-        desired = desired_of_job(spark, config, scratch)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as temporary:
+        desired = desired_of_job(spark, config, str(scratch or temporary))
         return verify(desired, config.sink.target, config.sink.name), multiset_of(desired)
 
 
@@ -672,3 +675,204 @@ def test_verify_job_of_a_view_under_the_batch_id_clock_still_runs_to_the_topics_
     assert main(["verify", "--job", str(job)]) == 1
     out = capsys.readouterr().out
     assert "differs from desired: " in out and "offsets" not in out
+
+
+def test_verify_job_of_a_view_computes_desired_from_where_the_views_query_started(
+    spark, kafka, tmp_path, monkeypatch, capsys
+):
+    """Desired's batch 0 starts at the view's query's initial offsets (its checkpoint's
+    ``sources/0/0``), not at the job's startingOffsets as they resolve now: edited since,
+    desired is still the view's. A scratch folder used again computes desired afresh. Without
+    those initial offsets, desired starts from the job's startingOffsets and says so. Records
+    the view read that the topic no longer holds (retention) make desired unknown: an error."""
+    from confluent_kafka import TopicPartition
+
+    from mvsink.cli import main
+    from mvsink.errors import InputError
+
+    monkeypatch.syspath_prepend("examples")
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, orders(0, 200), key="order_id")
+    job = kafka_job(tmp_path, kafka, topic)
+    shipped = job.read_text()
+    start = {topic: {"0": 10, "1": 10}}
+    job.write_text(shipped.replace("args = {", f"args = {{ starting = {json.dumps(json.dumps(start))},"))
+    run_once(job)
+    ckpt = tmp_path / "ckpt"
+    view_at = checkpoint_offsets(str(ckpt), 0)
+
+    def read(ending: dict[str, dict[str, int]]) -> Counter[Any]:
+        reader = spark.read.format("kafka").options(**kafka.options(topic))
+        raw = reader.option("startingOffsets", json.dumps(start)).option("endingOffsets", json.dumps(ending))
+        return multiset_of(revenue(parsed(raw.load(), ORDER)))
+
+    # The job file now starts from earliest: the view's checkpoint still starts it at 10, 10.
+    job.write_text(shipped)
+    scratch = tmp_path / "scratch"
+    result, desired = verify_job(spark, job, tmp_path, scratch)
+    assert desired == read(view_at) != revenue_of(spark, kafka, topic, view_at)
+    assert result.ok and result.position is not None and result.position.at_view
+    assert result.position.reason is None and result.position.records_behind == 0
+    assert main(["verify", "--job", str(job)]) == 0
+    assert "did not start" not in capsys.readouterr().out
+
+    # The view moves on; the same scratch folder computes desired there, not the last one.
+    kafka.produce(topic, orders(200, 40), key="order_id")
+    from kafka_to_view import revenue_by_product  # the job's query
+
+    sink = MVSink(str(tmp_path / "view"), "kafka_revenue", clock="source_offsets", checkpoint=str(ckpt))
+    query = (
+        revenue_by_product(spark, kafka.bootstrap, topic)
+        .writeStream.outputMode("complete")
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    view_at = checkpoint_offsets(str(ckpt), max(int(n) for n in os.listdir(ckpt / "offsets") if n.isdigit()))
+    assert view_at == ends(kafka, topic)
+    result, desired = verify_job(spark, job, tmp_path, scratch)
+    assert desired == read(view_at) and result.ok and result.position is not None
+    assert result.position.view_offsets == (view_at,) and result.position.reason is None
+
+    # Spark keeps no progress of desired's batch 0 (the last batch's only): an error.
+    kafka.produce(topic, orders(240, 30), key="order_id")  # a batch 1 past the view
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1")
+    try:
+        with pytest.raises(InputError, match="numRecentProgressUpdates"):
+            verify_job(spark, job, tmp_path)
+    finally:
+        spark.conf.unset("spark.sql.streaming.numRecentProgressUpdates")
+
+    # The view's checkpoint without its initial offsets: desired from earliest, and it says so.
+    initial = ckpt / "sources" / "0" / "0"
+    kept = initial.read_bytes()
+    initial.unlink()
+    try:
+        result, desired = verify_job(spark, job, tmp_path)
+        assert desired == revenue_of(spark, kafka, topic, view_at) != read(view_at)
+        assert not result.equal and result.position is not None and result.position.at_view
+        assert result.position.reason is not None and "sources/0/0" in result.position.reason
+        earliest = json.dumps({topic: {"0": 0, "1": 0}}, separators=(",", ":"))
+        assert f"startingOffsets as they resolve now ({earliest})" in result.position.reason
+        assert main(["verify", "--job", str(job)]) == 1
+        out = capsys.readouterr().out
+        assert "but desired did not start where the view's query started: " in out, out
+    finally:
+        initial.write_bytes(kept)
+
+    # Retention dropped records the view read: desired there is not known.
+    deleted = kafka.admin.delete_records([TopicPartition(topic, 0, 15)])
+    for done in deleted.values():
+        done.result(60)
+    assert main(["verify", "--job", str(job)]) == 2
+    assert "the job's query failed" in capsys.readouterr().err
+
+
+LATE_ORDERS = """
+from pyspark.sql import functions as F
+
+
+def revenue_of_orders_on_time(spark, bootstrap, topic):
+    records = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    schema = "order_id long, product string, amount long, at timestamp"
+    orders = records.select(F.from_json(F.col("value").cast("string"), schema).alias("o")).select("o.*")
+    orders = orders.withWatermark("at", "1 minute").dropDuplicates(["order_id", "at"])
+    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("orders"))
+"""
+
+
+def test_verify_job_of_a_view_whose_query_has_a_watermark_drops_no_row_of_desired(
+    spark, kafka, tmp_path, monkeypatch
+):
+    """The view's batch N ran under a watermark (its events' times so far): desired's batch 0,
+    which reads the records of all the view's batches, runs under none, as the view's first
+    batch did (its offsets' metadata is the view's batch's but for that), and drops no row the
+    view read on time. (Spark 3.4 on drops a batch's late rows by the watermark of the batch
+    before it, none for a batch 0; the watermark seeded is what a query's batch 0 has still.)"""
+    from mvsink.cli.job import JobConfig
+
+    (tmp_path / "late_orders.py").write_text(LATE_ORDERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    topic = kafka.topic(partitions=2)
+    ckpt, target = str(tmp_path / "ckpt"), str(tmp_path / "view")
+    job = tmp_path / "late_orders.toml"
+    job.write_text(
+        "[job]\n"
+        'query = "late_orders:revenue_of_orders_on_time"\n'
+        f'args = {{ bootstrap = "{kafka.bootstrap}", topic = "{topic}" }}\n'
+        'output_mode = "complete"\n'
+        f'checkpoint = "{ckpt}"\n'
+        "[sink]\n"
+        f'target = "{target}"\n'
+        'name = "late_orders"\n'
+        'clock = "source_offsets"\n'
+        f'checkpoint = "{ckpt}"\n'
+    )
+    query_of = JobConfig.load(job).job.query_of
+
+    def at(second: int) -> str:
+        return f"2024-01-01T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
+
+    for first, count in ((0, 100), (100, 50)):  # events every 2 s: the second run's all after the first's
+        kafka.produce(
+            topic, [{**o, "at": at(o["order_id"] * 2)} for o in orders(first, count)], key="order_id"
+        )
+        sink = MVSink(target, "late_orders", clock="source_offsets", checkpoint=ckpt)
+        query = (
+            query_of(spark)
+            .writeStream.outputMode("complete")
+            .foreachBatch(sink)
+            .option("checkpointLocation", ckpt)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    last = max(int(n) for n in os.listdir(Path(ckpt, "offsets")) if n.isdigit())
+    metadata = json.loads(Path(ckpt, "offsets", str(last)).read_text().splitlines()[1])
+    assert metadata["batchWatermarkMs"] > 0  # the view's offsets carry a watermark
+    view_at = checkpoint_offsets(ckpt, last)
+    assert view_at == ends(kafka, topic)
+
+    scratch = tmp_path / "scratch"
+    result, desired = verify_job(spark, job, tmp_path, scratch)
+    assert desired == revenue_of(spark, kafka, topic, view_at)
+    assert result.ok and result.position is not None and result.position.at_view
+    assert result.position.reason is None and result.position.records_behind == 0
+    (run,) = scratch.iterdir()
+    seeded = json.loads((run / "checkpoint" / "offsets" / "0").read_text().splitlines()[1])
+    assert seeded == {**metadata, "batchWatermarkMs": 0}  # its conf and timestamp kept
+
+
+def test_verify_job_of_a_view_whose_first_batch_started_elsewhere_is_an_error():
+    """Where Spark's progress of desired's batch 0 says where a source started (Spark says
+    nothing for a query's first batch, but if it does), it must be the initial offsets seeded;
+    and its end, the view's offsets."""
+    from mvsink.errors import InputError, Where
+    from mvsink.ops.verify import _first_batch
+
+    seeded, view = {"t": {"0": 10, "1": 10}}, {"t": {"0": 90, "1": 95}}
+
+    def progress(start: Any, end: Any) -> list[dict[str, Any]]:
+        source = {"startOffset": json.dumps(start), "endOffset": json.dumps(end)}
+        return [{"batchId": 0, "sources": [source]}, {"batchId": 1, "sources": []}]
+
+    where = Where("v", "t")
+    _first_batch(progress(None, view), [view], [seeded], where)  # Spark's way: no start
+    _first_batch(progress(seeded, view), [view], [seeded], where)
+    _first_batch(progress({"t": {"0": 0, "1": 0}}, view), [view], [None], where)  # not seeded
+    with pytest.raises(
+        InputError, match=r"started, \{\"t\":\{\"0\":10,\"1\":10\}\}, but its first batch started at"
+    ):
+        _first_batch(progress({"t": {"0": 0, "1": 0}}, view), [view], [seeded], where)
+    with pytest.raises(InputError, match="but its first batch ended at"):
+        _first_batch(progress(None, {"t": {"0": 90, "1": 96}}), [view], [seeded], where)
+    with pytest.raises(InputError, match="its progress holds none of its first batch"):
+        _first_batch(progress(None, view)[1:], [view], [seeded], where)

@@ -311,7 +311,7 @@ def _first_start(
         elif isinstance(end, Mapping) and set(end) == {"logOffset"}:
             pass  # the file source: offsets count its own checkpoint's log, from nothing
         elif _is_kafka(end):
-            start = _kafka_initial(checkpoint, storage_options, i, where)
+            start = kafka_initial(checkpoint, storage_options, i, where)
             if start is None:
                 return None
             out.update(source_parts(name, start, where))
@@ -332,9 +332,10 @@ def _is_kafka(offset: Any) -> bool:
     )
 
 
-def _kafka_initial(checkpoint: str, storage_options: Mapping[str, str], source: int, where: Where) -> Any:
+def kafka_initial(checkpoint: str, storage_options: Mapping[str, str], source: int, where: Where) -> Any:
     """The initial offsets Spark's Kafka source recorded for the query (``sources/<n>/0``: a
-    zero byte, ``v1``, then the offsets as JSON), or None without them."""
+    zero byte, ``v1``, then the offsets as JSON; ``kafka_initial_file``), where it started
+    reading, or None without them."""
     try:
         text = read_checkpoint_file(checkpoint, f"sources/{source}/0", storage_options, where)
     except ConfigError:
@@ -347,6 +348,13 @@ def _kafka_initial(checkpoint: str, storage_options: Mapping[str, str], source: 
     except ValueError:
         return None
     return offsets if _is_kafka(offsets) else None
+
+
+def kafka_initial_file(offsets: Mapping[str, Mapping[str, int]]) -> bytes:
+    """``sources/<n>/0`` of a checkpoint whose Kafka source starts at ``offsets``, as Spark
+    writes it (``kafka_initial`` reads it): Spark reads a query's first batch's start there,
+    and resolves ``startingOffsets`` only where there is no such file."""
+    return b"\x00v1\n" + json.dumps(offsets, separators=(",", ":"), sort_keys=True).encode()
 
 
 def continues(snap: Snapshot, app_id: str, lineage: str, writer: str | None, epoch: int) -> bool:

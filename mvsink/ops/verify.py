@@ -10,8 +10,9 @@ file's fingerprints (tasks read the files a second time for that).
 ``desired_of_job`` runs a job's streaming query once from a fresh checkpoint. A view whose
 clock is ``source_offsets`` has committed known offsets: for Kafka sources, the fresh query is
 run to them (its offset log seeded with them as batch 0's end, which Spark runs as an
-uncommitted batch; what comes after is read but not kept), so a view that merely trails its
-topic verifies equal, and the result says how far behind the topic's end it is (``Position``).
+uncommitted batch; what comes after is read but not kept), from where the view's query started
+(its checkpoint's initial offsets, seeded too), so a view that merely trails its topic verifies
+equal, and the result says how far behind the topic's end it is (``Position``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink.compat import logical_plan, release
-from mvsink.epoch.clock import RecordedOffsets, committed_offsets, last_offsets
+from mvsink.epoch.clock import (
+    RecordedOffsets,
+    committed_offsets,
+    kafka_initial,
+    kafka_initial_file,
+    last_offsets,
+)
 from mvsink.errors import ConfigError, InputError, Where, first_line
 from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.plan.rules import rules_for
@@ -61,7 +68,8 @@ class Position:
     """Kafka, desired computed at the view's offsets: per ``topic/partition``, how many
     offsets (records) the topic held past the view's when verify ran; None where not known."""
     reason: str | None = None
-    """Why desired was not computed at the view's offsets."""
+    """Why desired was not computed at the view's offsets; or, computed at them (``at_view``),
+    why it did not start where the view's query started (None: it did)."""
 
     @property
     def records_behind(self) -> int | None:
@@ -80,15 +88,21 @@ class Position:
                 f"  {at}; desired was computed over what its sources hold now, not at them "
                 f"({self.reason}): a view that trails its sources differs by what it has not read yet"
             ]
+        start = (
+            [f"  but desired did not start where the view's query started: {self.reason}"]
+            if self.reason is not None
+            else []
+        )
         total = self.records_behind
         if total is None:
-            return [f"  {at}, where desired was computed; its sources may hold more"]
+            return [f"  {at}, where desired was computed; its sources may hold more", *start]
         if total == 0:
-            return [f"  {at}, where desired was computed: its sources hold nothing past them"]
+            return [f"  {at}, where desired was computed: its sources hold nothing past them", *start]
         parts = ", ".join(f"{p} {n:,}" for p, n in sorted(self.behind.items()) if n) if self.behind else ""
         return [
             f"  {at}, where desired was computed; it is {total:,} record(s) behind its sources' "
-            f"end ({parts}), which the next epochs read"
+            f"end ({parts}), which the next epochs read",
+            *start,
         ]
 
 
@@ -352,18 +366,23 @@ def replay_refusal(plan: str) -> str | None:
 
 def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
     """Desired of a complete-mode job file's view, computed once: its streaming query run over
-    what its sources hold now (a fresh checkpoint under ``scratch``), the last batch kept.
+    what its sources hold now (a fresh checkpoint in a new folder under ``scratch``, a local
+    folder, where desired stays while the result is used), the last batch kept.
 
-    A view under ``clock = "source_offsets"`` reading Kafka: its query run to the view's
-    committed offsets instead (``_seed``), batch 0 kept; ``verify`` reports where desired was
-    computed and how far behind its topic the view is (``Position``)."""
+    A view under ``clock = "source_offsets"`` reading Kafka: its query run from where the
+    view's query started to the view's committed offsets instead (``_seed``), batch 0 kept;
+    ``verify`` reports where desired was computed and how far behind its topic the view is
+    (``Position``)."""
     if job.job.output_mode != "complete" or job.sink.mode != "complete":
         raise ConfigError(
             "verify --job needs a complete-mode job (a batch of an upsert or append query is not "
             "the whole view); give the view's query with --sql instead",
             Where(job.sink.name, job.sink.target),
         )
-    out, checkpoint = f"{scratch}/desired", f"{scratch}/checkpoint"
+    # A folder of its own each call: a checkpoint left in a reused scratch folder would have
+    # committed batch 0 already, and its desired would be another call's.
+    run = os.path.join(scratch, f"desired-{uuid.uuid4().hex}")
+    out, checkpoint = f"{run}/desired", f"{run}/checkpoint"
     where = Where(job.sink.name, job.sink.target)
     stream = job.job.query_of(spark)
     refusal = replay_refusal(logical_plan(stream))
@@ -375,8 +394,9 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         )
     view, why_not = _view_offsets(spark, job, where)
     seeded = view is not None and why_not is None
+    initial: list[Any] = []
     if view is not None and seeded:
-        _seed(checkpoint, view)
+        initial = _seed(checkpoint, view, job.sink, where)
 
     def keep(batch: DataFrame, batch_id: int) -> None:
         if not seeded or batch_id == 0:
@@ -397,7 +417,10 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         raise InputError(f"the job's query failed: {first_line(exc)}", where) from None
     position = None
     if view is not None and seeded:
-        position = Position(tuple(view.sources), True, _behind(query, checkpoint, view, where))
+        behind = _behind(query, checkpoint, view, initial, where)
+        position = Position(
+            tuple(view.sources), True, behind, _not_from_start(checkpoint, initial, job.sink, where)
+        )
     elif why_not is not None:
         position = Position(tuple(view.sources) if view is not None else None, False, reason=why_not)
     if not os.path.exists(out):  # no batch ran: the sources hold nothing yet
@@ -441,31 +464,93 @@ def _view_offsets(spark: Any, job: Any, where: Where) -> tuple[RecordedOffsets |
     return view, None
 
 
-def _seed(checkpoint: str, view: RecordedOffsets) -> None:
+def _seed(checkpoint: str, view: RecordedOffsets, opts: Any, where: Where) -> list[Any]:
     """Make ``checkpoint`` a query's whose batch 0 ended at the view's offsets and never
-    committed: Spark runs such a batch again to exactly those offsets, from where a fresh query
-    starts (its ``startingOffsets``). Its metadata (the query's id) too: Spark 4 refuses an
-    offset log without it."""
+    committed: Spark runs such a batch again to exactly those offsets, from each source's
+    initial offsets (``sources/<i>/0``), here the view's query's own, copied from its
+    checkpoint; a source whose initial offsets that checkpoint lacks starts where a fresh query
+    starts (its ``startingOffsets``, resolved now). The offsets' metadata is the view's batch's
+    but for its watermark, 0 as a query's first batch has it (a watermark drops rows older than
+    it, which batch 0 reads); and the checkpoint's metadata (the query's id): Spark 4 refuses
+    an offset log without it. Returns each source's initial offsets seeded (None: not)."""
+    version, metadata, *sources = view.text.splitlines()
+    try:
+        fields = json.loads(metadata)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise InputError(f"the view's offsets carry batch metadata mvsink does not know: {metadata}", where)
+    fields["batchWatermarkMs"] = 0
     os.makedirs(f"{checkpoint}/offsets", exist_ok=True)
     with open(f"{checkpoint}/metadata", "w") as fh:
         fh.write(json.dumps({"id": str(uuid.uuid4())}) + "\n")
     with open(f"{checkpoint}/offsets/0", "w") as fh:
-        fh.write(view.text)
+        fh.write("\n".join([version, json.dumps(fields, separators=(",", ":")), *sources]))
+    initial = [kafka_initial(opts.checkpoint, opts.storage_options, i, where) for i in range(len(sources))]
+    for i, offsets in enumerate(initial):
+        if offsets is not None:
+            os.makedirs(f"{checkpoint}/sources/{i}", exist_ok=True)
+            with open(f"{checkpoint}/sources/{i}/0", "wb") as fb:
+                fb.write(kafka_initial_file(offsets))
+    return initial
 
 
-def _behind(query: Any, checkpoint: str, view: RecordedOffsets, where: Where) -> dict[str, int]:
-    """Make sure batch 0 ran to the view's offsets, and count, per Kafka topic partition, how
-    far the last batch (the topic's end when the query started) went past them."""
+def _not_from_start(checkpoint: str, initial: list[Any], opts: Any, where: Where) -> str | None:
+    """Why desired (run from ``checkpoint``, seeded with ``initial``) did not start where the
+    view's query started, or None: it did."""
+    missing = [i for i, offsets in enumerate(initial) if offsets is None]
+    if not missing:
+        return None
+    used = [kafka_initial(checkpoint, {}, i, where) for i in missing]  # what Spark resolved
+    names = ", ".join(f"sources/{i}/0" for i in missing)
+    return (
+        f"its query's checkpoint {opts.checkpoint} holds no initial offsets ({names}), so "
+        f"desired read {'that source' if len(missing) == 1 else 'those sources'} from the job's "
+        f"startingOffsets as they resolve now ({_spelled(tuple(used))}): it may differ from the view "
+        "by what lies between the two starts"
+    )
+
+
+def _first_batch(recent: Any, wanted: list[Any], initial: list[Any], where: Where) -> None:
+    """Make sure batch 0, as Spark's progress of it (``recent``: the query's recentProgress)
+    says, ended at the view's offsets (``wanted``) and started at the ``initial`` offsets
+    seeded where Spark says where it started (it does not for a query's first batch: its start
+    is the source's initial offsets, ``sources/<i>/0``, which ``_seed`` wrote)."""
+    found = [p for p in recent if p["batchId"] == 0]
+    if not found:
+        raise InputError(
+            "verify --job ran the job's query to the view's offsets, but its progress holds none "
+            "of its first batch (Spark keeps the last spark.sql.streaming.numRecentProgressUpdates "
+            "batches'): whether that batch ran to the view's offsets is not known, nor desired there",
+            where,
+        )
+    sources = found[-1]["sources"]
+    ends = [_json(source["endOffset"]) for source in sources]
+    if ends != wanted:
+        raise InputError(
+            f"verify --job seeded the job's query with the view's offsets {_spelled(tuple(wanted))}, "
+            f"but its first batch ended at {_spelled(tuple(ends))}: desired is not known there",
+            where,
+        )
+    starts = [_json(source["startOffset"]) for source in sources]
+    for i, (start, seeded) in enumerate(zip(starts, initial, strict=True)):
+        if start is not None and seeded is not None and start != seeded:
+            raise InputError(
+                f"verify --job seeded the job's query to start source {i} where the view's query "
+                f"started, {_spelled((seeded,))}, but its first batch started at "
+                f"{_spelled((start,))}: desired is not known there",
+                where,
+            )
+
+
+def _behind(
+    query: Any, checkpoint: str, view: RecordedOffsets, initial: list[Any], where: Where
+) -> dict[str, int]:
+    """Make sure batch 0 ran to the view's offsets from the initial offsets seeded
+    (``_first_batch``), and count, per Kafka topic partition, how far the last batch (the
+    topic's end when the query started) went past them."""
     wanted = view.sources
-    for progress in query.recentProgress:  # what Spark says batch 0 read, while it keeps it
-        if progress["batchId"] == 0:
-            ends = [_json(source["endOffset"]) for source in progress["sources"]]
-            if ends != wanted:
-                raise InputError(
-                    f"verify --job seeded the job's query with the view's offsets {_spelled(tuple(wanted))}, "
-                    f"but its first batch ended at {_spelled(tuple(ends))}: desired is not known there",
-                    where,
-                )
+    _first_batch(query.recentProgress, wanted, initial, where)
     if not os.path.exists(f"{checkpoint}/commits/0"):
         raise InputError(
             "verify --job seeded the job's query with the view's offsets, but its first batch did "
@@ -483,5 +568,6 @@ def _behind(query: Any, checkpoint: str, view: RecordedOffsets, where: Where) ->
 
 
 def _json(value: Any) -> Any:
-    """An offset in a query's progress: JSON text (Spark 4) or already parsed (3.5)."""
+    """An offset in a query's progress: JSON text (Spark 4; ``null`` where there is none) or
+    already parsed (3.5)."""
     return json.loads(value) if isinstance(value, str) else value
