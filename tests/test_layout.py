@@ -16,6 +16,7 @@ LAYERS: list[set[str]] = [
     {"errors", "report", "compat", "_version", "failpoints"},
     {"table"},
     {"config"},
+    {"options_doc"},
     {"plan"},
     {"epoch"},
     {"ops", "sources"},

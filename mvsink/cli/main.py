@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    from mvsink import __version__
+    from mvsink._version import __version__
 
     summary, _, commands = _plain(__doc__).partition("\n\n")
     parser = argparse.ArgumentParser(
