@@ -113,6 +113,7 @@ def vacuum(
     table = DeltaTable(snap.root, storage_options=options or None)
     hours = _retention_hours(retention_hours, table.metadata().configuration, where)
     listed = _listing(store, where)
+    empty = _empty_folders(store, hours)  # before a data vacuum (Delta's removes empty folders)
     try:
         _refuse_nested_tables(listed, where)
         if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
@@ -129,7 +130,7 @@ def vacuum(
             data = table.vacuum(retention_hours=hours, dry_run=False, full=True) if apply else found
     except (DeltaError, EngineRefused) as exc:
         raise ConfigError(f"vacuum refused: {exc}", where) from None
-    folders = _emptied_folders(store, listed, data, hours)
+    folders = _emptied_folders(listed, data, empty)
     if apply:
         folders = _remove_empty(store, folders)
     entries = _stale_entries(store, snap)
@@ -287,10 +288,11 @@ def _named(actions: Sequence[Mapping[str, Any]]) -> set[str]:
 
 
 def _emptied_folders(
-    store: Store, listed: Mapping[str, tuple[int, float]], deleted: Sequence[str], hours: int
+    listed: Mapping[str, tuple[int, float]], deleted: Sequence[str], empty: set[str]
 ) -> list[str]:
     """The staging folders (``mvsink-*`` at the root) that hold no file once ``deleted`` are
-    gone: those whose every file is among them, and those already empty (an earlier vacuum's)."""
+    gone: those whose every file is among them, and those of ``empty`` (``_empty_folders``:
+    already empty, an earlier vacuum's) the listing saw no file in."""
     holds: dict[str, bool] = {}
     gone = set(deleted)
     for path in listed:
@@ -298,7 +300,7 @@ def _emptied_folders(
         if sep and top.startswith(_STAGING):
             holds[top] = holds.get(top, False) or path not in gone
     emptied = {folder for folder, keeps in holds.items() if not keeps}
-    return sorted(emptied | (_empty_folders(store, hours) - holds.keys()))
+    return sorted(emptied | (empty - holds.keys()))
 
 
 def _empty_folders(store: Store, hours: int) -> set[str]:

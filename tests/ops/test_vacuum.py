@@ -100,11 +100,14 @@ def test_after_epochs_and_a_compaction_every_file_left_the_table_and_apply_remov
     assert sink(people(spark, range(4, 21)), 3).outcome == "committed"  # the sink goes on
 
 
-def test_a_crashed_attempts_staged_folder_is_reported_as_never_committed(spark, local_target, tmp_path):
+def test_a_crashed_attempts_staged_folder_is_reported_as_never_committed(
+    spark, local_target, tmp_path, engine
+):
     """A real attempt's staged files, left by a crash before its commit: no commit names them,
     and the log reaches back past them, so they never committed. Its folder, emptied by the
     vacuum, goes; an empty folder an earlier vacuum left (older than the retention) goes too;
-    an empty folder made moments ago (an attempt in flight, before its first file) stays."""
+    an empty folder made moments ago (an attempt in flight, before its first file) stays (with
+    delta-rs: Delta's own VACUUM, the delta-spark engine's, may delete empty folders itself)."""
     sink = MVSink(local_target, "v", max_rows_per_file=5)
     sink(people(spark, range(10)), 0)
     aside = str(tmp_path / "aside")
@@ -134,7 +137,8 @@ def test_a_crashed_attempts_staged_folder_is_reported_as_never_committed(spark, 
     done = vacuum(local_target, apply=True)
     assert set(done.never_committed) == staged and done.staging_folders == plan.staging_folders
     assert not os.path.exists(os.path.join(local_target, crashed)) and not os.path.exists(earlier)
-    assert os.path.isdir(in_flight)
+    if engine == "delta-rs":  # mvsink keeps a fresh empty folder; Delta's own VACUUM (the
+        assert os.path.isdir(in_flight)  # delta-spark engine's) may delete empty folders itself
     assert_equal_to(local_target, people(spark, range(12)))
 
 
