@@ -112,4 +112,4 @@ def test_the_shipped_job_files_run_as_the_docs_say(spark, tmp_path, conf):
     if config.sink.mode == "complete":
         from mvsink.ops.verify import desired_of_job
 
-        assert verify(desired_of_job(spark, config, str(tmp_path / "scratch")), config.sink.target).ok
+        assert verify(desired_of_job(spark, config, str(tmp_path / "scratch")).rows, config.sink.target).ok

@@ -569,8 +569,8 @@ def verify_job(
 
     config = JobConfig.load(job)
     with tempfile.TemporaryDirectory(dir=tmp_path) as temporary:
-        desired = desired_of_job(spark, config, str(scratch or temporary))
-        return verify(desired, config.sink.target, config.sink.name), multiset_of(desired)
+        desired, position = desired_of_job(spark, config, str(scratch or temporary))
+        return verify(desired, config.sink.target, config.sink.name, position=position), multiset_of(desired)
 
 
 def test_verify_job_of_a_view_trailing_its_topic_computes_desired_at_the_views_offsets(

@@ -318,12 +318,12 @@ def _verify(args: argparse.Namespace) -> int:
     spark = _session(args)
     with tempfile.TemporaryDirectory(prefix="mvsink-verify-") as scratch:
         if args.sql:
-            desired = spark.sql(args.sql)
+            desired, position = spark.sql(args.sql), None
         else:
             from mvsink.cli.job import JobConfig
 
-            desired = desired_of_job(spark, JobConfig.load(args.job), scratch)
-        result = verify(desired, target, name, options)
+            desired, position = desired_of_job(spark, JobConfig.load(args.job), scratch)
+        result = verify(desired, target, name, options, position=position)
     print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) if args.json else result)
     return 0 if result.ok else 1
 
@@ -335,7 +335,9 @@ def _no_frontier(target: str, name: str) -> str:
 
     found = status(target, None, {}, history=200)
     if found.table_version is None:
-        raise ConfigError(f"no Delta table at {target}")
+        from mvsink.ops.status import describe_missing_table
+
+        raise ConfigError(describe_missing_table(target, {}))
     others = sorted(v.view for v in found.views)
     held = f"views with a frontier there: {', '.join(others)}" if others else "it holds no mvsink view"
     return f"view {name!r} has never committed to {target} ({held})"

@@ -22,10 +22,9 @@ import math
 import os
 import re
 import uuid
-import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -112,10 +111,6 @@ def _spelled(offsets: tuple[Any, ...]) -> str:
     return text[0] if len(text) == 1 else f"[{', '.join(text)}]"
 
 
-# What desired_of_job knows about the DataFrames it returns, for verify to report.
-_POSITIONS: weakref.WeakKeyDictionary[DataFrame, Position] = weakref.WeakKeyDictionary()
-
-
 @dataclass(frozen=True)
 class Verification:
     """The outcome of ``verify``: ``equal`` when no row is missing or extra."""
@@ -186,9 +181,10 @@ def verify(
     storage_options: Mapping[str, str] | None = None,
     *,
     sample: int = 20,
+    position: Position | None = None,
 ) -> Verification:
-    """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets.
-    Desired from ``desired_of_job`` carries where it was computed (``Verification.position``)."""
+    """Compare the Delta table at ``target`` with ``desired`` (a batch DataFrame) as multisets;
+    ``position``, where ``desired_of_job`` computed desired, goes into the result."""
     options = dict(storage_options or {})
     where = Where(name, target)
     target = locate(target, where, desired.sparkSession)
@@ -222,7 +218,7 @@ def verify(
         if name and snap.files:
             index = StoredIndex.of(Store(snap.root, options), name, layout.arrow)
             result = replace(result, index_mismatches=tuple(mismatched_entries(spark, snap, index, layout)))
-        return replace(result, position=_POSITIONS.get(desired))
+        return replace(result, position=position)
     except Exception as exc:
         raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)
         raise
@@ -364,7 +360,15 @@ def replay_refusal(plan: str) -> str | None:
     return None
 
 
-def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
+class Desired(NamedTuple):
+    """Desired of a job (``desired_of_job``), and where it was computed (None: over what its
+    sources hold now, as for a view without a shared clock)."""
+
+    rows: DataFrame
+    position: Position | None
+
+
+def desired_of_job(spark: Any, job: Any, scratch: str) -> Desired:
     """Desired of a complete-mode job file's view, computed once: its streaming query run over
     what its sources hold now (a fresh checkpoint in a new folder under ``scratch``, a local
     folder, where desired stays while the result is used), the last batch kept.
@@ -433,9 +437,7 @@ def desired_of_job(spark: Any, job: Any, scratch: str) -> DataFrame:
         snap = load_snapshot(target, job.sink.app_id, job.sink.storage_options, where, writing=False)
         rules = rules_for(snap, job.sink, where)
         result = result.where(rules.broken().isNull())
-    if position is not None:
-        _POSITIONS[result] = position
-    return result
+    return Desired(result, position)
 
 
 def _view_offsets(spark: Any, job: Any, where: Where) -> tuple[RecordedOffsets | None, str | None]:

@@ -162,7 +162,7 @@ def test_ctrl_c_stops_a_job_cleanly_where_its_view_stands(spark, tmp_path, monke
     )
     run_job(config, threading.Event())
     assert frontier(target, "revenue") > at  # type: ignore[operator]
-    assert verify(desired_of_job(spark, config, str(tmp_path / "scratch")), target, "revenue").ok
+    assert verify(desired_of_job(spark, config, str(tmp_path / "scratch")).rows, target, "revenue").ok
 
 
 def test_an_append_mode_refusal_reads_right():
