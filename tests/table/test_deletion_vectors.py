@@ -1,5 +1,6 @@
-"""Deletion vectors as Delta stores them (PROTOCOL.md), read and written by mvsink's own codec:
-what Spark's Delta writes is read in tests/interop, what mvsink writes Spark reads there."""
+"""Deletion vectors as Delta stores them (PROTOCOL.md), read and written by mvsink (through
+pyroaring): what Spark's Delta writes is read in tests/interop and below (bytes the JVM Delta
+wrote), what mvsink writes Spark reads there."""
 
 from __future__ import annotations
 
@@ -41,6 +42,40 @@ def test_a_vector_reads_back_as_the_positions_written(positions):
     assert np.array_equal(dv.deserialize(data), np.sort(positions))
 
 
+# Written by delta-spark 4.4's DELETE on a table of one file of 2M rows (bench/dv_codec.py
+# --make-delta-tables): "id = 123457" (an array container) and "id BETWEEN 100000 AND 899999"
+# (run containers), magic number first.
+JVM_ONE = bytes.fromhex("d1d339640100000000000000000000003a30000001000000010000001000000041e2")
+JVM_BLOCK = bytes.fromhex(
+    "d1d339640100000000000000000000003b300c00ff1f01005f790200ffff0300ffff0400ffff0500ffff0600ffff"
+    "0700ffff0800ffff0900ffff0a00ffff0b00ffff0c00ffff0d009fbb6e000000740000007a00000080000000860000"
+    "008c00000092000000980000009e000000a4000000aa000000b0000000b60000000100a0865f7901000000ffff0100"
+    "0000ffff01000000ffff01000000ffff01000000ffff01000000ffff01000000ffff01000000ffff01000000ffff01"
+    "000000ffff01000000ffff010000009fbb"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "positions"),
+    [(JVM_ONE, np.array([123457])), (JVM_BLOCK, np.arange(100_000, 900_000))],
+    ids=["array", "runs"],
+)
+def test_the_jvm_deltas_vectors_are_read_and_written_byte_for_byte(data, positions):
+    """mvsink reads what the JVM Delta writes, and writes the same bytes for the same rows
+    (run containers for a block of rows, as the JVM does: 204 bytes, not 100 KB of bitmaps)."""
+    assert np.array_equal(dv.deserialize(data), positions)
+    assert dv.serialize(positions) == data
+
+
+def test_repeats_are_one_position_and_negative_ones_an_error(tmp_path):
+    positions = np.array([9, 3, 9, 3, 1 << 40])
+    assert dv.deserialize(dv.serialize(positions)).tolist() == [3, 9, 1 << 40]
+    (descriptor,) = dv.write(Store(str(tmp_path)), "mvsink-v-e1-abc", [positions])
+    assert descriptor["cardinality"] == 3
+    with pytest.raises(dv.InvariantViolation, match="not negative"):
+        dv.serialize(np.array([4, -1]))
+
+
 def test_run_containers_and_the_native_layout_are_read():
     """Serializers other than mvsink's (Java's RoaringBitmap after runOptimize, Delta's older
     native layout) write run containers and another array header."""
@@ -68,6 +103,36 @@ def test_run_containers_and_the_native_layout_are_read():
 def test_damaged_bytes_are_an_error_never_other_positions(damage):
     with pytest.raises(dv.CorruptDeletionVector):
         dv.deserialize(damage(dv.serialize(np.array([1, 2, 3, 100_000]))))
+
+
+def _one_container(card_less_one: int, body: bytes) -> bytes:
+    """A vector of one bucket holding one container (key 0) with the header and body given."""
+    header = struct.pack("<IIHHI", 12346, 1, 0, card_less_one, 16)
+    return struct.pack("<IQI", dv.MAGIC, 1, 0) + header + body
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _one_container(2, struct.pack("<HHH", 5, 3, 3)),  # an array container out of order
+        _one_container(8999, np.packbits(np.arange(1 << 16) % 8 == 0, bitorder="little").tobytes()),
+        JVM_BLOCK[:-1],
+        JVM_BLOCK + b"\0",
+    ],
+    ids=["unsorted", "cardinality", "truncated-run", "trailing-run"],
+)
+def test_a_vector_that_contradicts_itself_is_an_error(data):
+    """A container's values out of order, or its header's cardinality not its values': bytes
+    no Roaring writer makes, refused rather than read as some positions."""
+    with pytest.raises(dv.CorruptDeletionVector):
+        dv.deserialize(data)
+
+
+def test_every_cut_of_a_vector_is_an_error():
+    data = dv.serialize(np.array([*range(10, 20), 70_000, *range(0, 1 << 17, 7), 1 << 33]))
+    for end in [*range(64), *range(64, len(data), 251), len(data) - 1]:  # headers, then bodies
+        with pytest.raises(dv.CorruptDeletionVector):
+            dv.deserialize(data[:end])
 
 
 def test_a_vector_file_is_checked_against_its_descriptor(tmp_path):
