@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mvsink.errors import ConfigError, MVSinkError, first_line
@@ -60,6 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except MVSinkError as exc:
+        print(f"mvsink: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # exit 2 means "error" (verify's 1 means "different")
+        print(f"mvsink: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     from mvsink._version import __version__
 
     summary, _, commands = _plain(__doc__).partition("\n\n")
@@ -71,6 +83,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"mvsink {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_run_parser, _frontier_parser, _promote_parser, _status_parser, _verify_parser):
+        add(sub)
+    _vacuum_parser(sub)
+    _compact_parser(sub)
+    return parser
+
+
+def _run_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run a job file, or the embedded demo when none is given")
     run.add_argument("config", nargs="?", help="a TOML job file (see conf/)")
     run.add_argument("--epochs", type=_positive, help="stop after this many epochs")
@@ -85,10 +105,16 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "-v", "--verbose", action="store_true", help="log every sink step (phases, retries, sweeps)"
     )
     _conf_option(run)
+
+
+def _frontier_parser(sub: Any) -> None:
     fr = sub.add_parser("frontier", help="print a view's frontier (exit 1 if it never committed there)")
     fr.add_argument("target")
     fr.add_argument("name")
     _conf_option(fr)
+
+
+def _promote_parser(sub: Any) -> None:
     pr = sub.add_parser("promote", help="make a writer the view's active writer")
     pr.add_argument("target")
     pr.add_argument("--name", required=True, help="the view")
@@ -97,18 +123,27 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for object stores"
     )
     _conf_option(pr)
+
+
+def _status_parser(sub: Any) -> None:
     st = sub.add_parser("status", help="per view: frontier, lineage, writer, last commit, lag, files")
     st.add_argument("target", nargs="?", help="the Delta table (or give --job)")
     st.add_argument("--name", help="one view (default: every view committed recently)")
     st.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
     st.add_argument("--history", type=int, default=200, help="commits read for per-commit figures")
     _target_options(st)
+
+
+def _verify_parser(sub: Any) -> None:
     ve = sub.add_parser("verify", help="compare the target with desired: exit 0 equal, 1 different, 2 error")
     ve.add_argument("target", nargs="?", help="the Delta table (or give --job)")
     ve.add_argument("--name", help="the view")
     ve.add_argument("--sql", help="a Spark SQL query whose result is desired")
     ve.add_argument("--json", action="store_true", help="machine-readable (docs/operations.md)")
     _target_options(ve)
+
+
+def _vacuum_parser(sub: Any) -> None:
     va = sub.add_parser("vacuum", help="delete what no version within the retention references")
     va.add_argument("target", nargs="?", help="the Delta table (or give --job)")
     va.add_argument(
@@ -120,80 +155,80 @@ def _main(argv: Sequence[str] | None = None) -> int:
     va.add_argument("--json", action="store_true", help="machine-readable")
     va.add_argument("--name", help=argparse.SUPPRESS)
     _target_options(va)
+
+
+def _compact_parser(sub: Any) -> None:
     co = sub.add_parser("compact", help="merge a view's small files (a commit that changes no row)")
     co.add_argument("target", nargs="?", help="the Delta table (or give --job)")
     co.add_argument("--name", help="the view (its index entries are carried over)")
     co.add_argument("--max-rows-per-file", type=int, help="default: the job's, or 50,000")
     co.add_argument("--cluster-by", default="", help="comma-separated columns to sort rows by")
     _target_options(co)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "compact":
-            from mvsink.ops.compact import compact
 
-            target, name, options, small = _target(args)
-            if not name:
-                raise ConfigError("give the view: --name NAME (or --job)")
-            _session_if_needed(target, options, args)
-            rows = args.max_rows_per_file or small * 4
-            _progress(f"compacting {target} ...")
-            cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
-            if args.job and not cluster:
-                from mvsink.cli.job import JobConfig
 
-                cluster = JobConfig.load(args.job).sink.cluster_by
-            print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
-            return 0
-        if args.command == "vacuum":
-            from dataclasses import asdict
+def _compact(args: argparse.Namespace) -> int:
+    from mvsink.ops.compact import compact
 
-            from mvsink.ops.vacuum import vacuum
+    target, name, options, small = _target(args)
+    if not name:
+        raise ConfigError("give the view: --name NAME (or --job)")
+    _session_if_needed(target, options, args)
+    rows = args.max_rows_per_file or small * 4
+    _progress(f"compacting {target} ...")
+    cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
+    if args.job and not cluster:
+        from mvsink.cli.job import JobConfig
 
-            target, _, options, _ = _target(args)
-            _session_if_needed(target, options, args)
-            _progress(f"vacuuming {target} ({'apply' if args.apply else 'dry run'}) ...")
-            done = vacuum(target, options, retention_hours=args.retention_hours, apply=args.apply)
-            print(json.dumps({"format": 1, **asdict(done)}, indent=2) if args.json else done)
-            return 0
-        if args.command == "verify":
-            return _verify(args)
-        if args.command == "status":
-            from mvsink.ops.status import status
+        cluster = JobConfig.load(args.job).sink.cluster_by
+    print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
+    return 0
 
-            target, name, options, small = _target(args)
-            result = status(target, name, options, history=args.history, small_rows=small)
-            if result.table_version is None:
-                from mvsink.ops.status import describe_missing_table
 
-                raise ConfigError(describe_missing_table(target, options))
-            print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
-            return 0
-        if args.command == "promote":
-            from mvsink.ops.promote import promote
+def _vacuum(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
 
-            options = _pairs(args.storage_option, "--storage-option")
-            target = _located(args.target, args)
-            _session_if_needed(target, options, args)
-            version = promote(target, args.name, args.writer, options)
-            print(f"{args.writer} is the active writer of {args.name} as of version {version}")
-            return 0
-        if args.command == "frontier":
-            from mvsink.ops.promote import frontier
+    from mvsink.ops.vacuum import vacuum
 
-            target = _located(args.target, args)
-            value = frontier(target, args.name)
-            if value is None:
-                print(f"mvsink: {_no_frontier(target, args.name)}", file=sys.stderr)
-                return 1
-            print(value)
-            return 0
-        return _run(args)
-    except MVSinkError as exc:
-        print(f"mvsink: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # exit 2 means "error" (verify's 1 means "different")
-        print(f"mvsink: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
-        return 2
+    target, _, options, _ = _target(args)
+    _session_if_needed(target, options, args)
+    _progress(f"vacuuming {target} ({'apply' if args.apply else 'dry run'}) ...")
+    done = vacuum(target, options, retention_hours=args.retention_hours, apply=args.apply)
+    print(json.dumps({"format": 1, **asdict(done)}, indent=2) if args.json else done)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from mvsink.ops.status import describe_missing_table, status
+
+    target, name, options, small = _target(args)
+    result = status(target, name, options, history=args.history, small_rows=small)
+    if result.table_version is None:
+        raise ConfigError(describe_missing_table(target, options))
+    print(json.dumps(result.to_json(), indent=2, sort_keys=True) if args.json else result)
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from mvsink.ops.promote import promote
+
+    options = _pairs(args.storage_option, "--storage-option")
+    target = _located(args.target, args)
+    _session_if_needed(target, options, args)
+    version = promote(target, args.name, args.writer, options)
+    print(f"{args.writer} is the active writer of {args.name} as of version {version}")
+    return 0
+
+
+def _frontier(args: argparse.Namespace) -> int:
+    from mvsink.ops.promote import frontier
+
+    target = _located(args.target, args)
+    value = frontier(target, args.name)
+    if value is None:
+        print(f"mvsink: {_no_frontier(target, args.name)}", file=sys.stderr)
+        return 1
+    print(value)
+    return 0
 
 
 def _progress(message: str) -> None:
@@ -410,3 +445,16 @@ def _logging(verbose: bool) -> None:
         logging.getLogger("mvsink.sink").setLevel(logging.WARNING)
     logging.getLogger("mvsink.metrics").setLevel(logging.WARNING)  # the JSON record: for pipelines
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run,
+    "frontier": _frontier,
+    "promote": _promote,
+    "status": _status,
+    "verify": _verify,
+    "vacuum": _vacuum,
+    "compact": _compact,
+}
+"""Each command's function: its exit code (0 done; 1 verify's "different", frontier's "none";
+errors are the caller's, 2)."""

@@ -25,6 +25,7 @@ import datetime as dt
 import decimal
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -147,59 +148,84 @@ def metadata_stats(
         for key, (_, t) in leaves.items()
         if key not in nan and (data is not None or not pa.types.is_floating(t))
     }
-    nulls: dict[str, int | None] = {}
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    unwritten: set[str] = set()
-    whole: set[str] = set()  # null counts taken from the rows, for the whole file
+    footer = _Footer(leaves, bounded, data)
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         for c in range(rg.num_columns):
             col = rg.column(c)
-            key = col.path_in_schema
-            if key not in leaves:
-                continue
-            _, t = leaves[key]
-            st = col.statistics
-            if key in whole:
-                pass  # counted from the rows already
-            elif st is None or not st.has_null_count:
-                # No count in the footer (its statistics left out, for NaN): the rows say.
-                nulls[key] = None if data is None else _leaf(data, leaves[key][0]).null_count
-                whole.add(key)
-            else:
-                nulls[key] = (nulls.get(key) or 0) + st.null_count
-            if st is None or not st.has_min_max:
-                # A group of nulls only has no bounds and narrows nothing; any other gap
-                # (bounds not written) makes the column's bounds unknown.
-                if not (st is not None and st.has_null_count and st.null_count == rg.num_rows):
-                    mins[key] = maxs[key] = None
-                    unwritten.add(key)
-                continue
-            lo, hi = _bound(_raw(st, "min", t), t, False), _bound(_raw(st, "max", t), t, True)
-            if key not in bounded:
-                lo = hi = None
-            if lo is None or hi is None or mins.get(key, 0) is None:
-                mins[key] = maxs[key] = None
-                continue
-            mins[key] = lo if key not in mins else _lesser(mins[key], lo)
-            maxs[key] = hi if key not in maxs else _greater(maxs[key], hi)
-    for key in unwritten:
-        # Parquet writers leave out the bounds of long values (over 4 KiB in Arrow's): a
-        # string's come from the rows.
-        parts, t = leaves[key]
-        if data is not None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
-            low, high = pc.min_max(_leaf(data, parts)).values()
-            if low.is_valid and high.is_valid:
-                mins[key], maxs[key] = _bound(low.as_py(), t, False), _bound(high.as_py(), t, True)
-    stats: dict[str, Any] = {"numRecords": md.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
-    for key, (parts, _) in leaves.items():
-        if nulls.get(key) is not None:
-            _put(stats["nullCount"], parts, nulls[key])
-        if mins.get(key) is not None and maxs.get(key) is not None:
-            _put(stats["minValues"], parts, mins[key])
-            _put(stats["maxValues"], parts, maxs[key])
-    return md.num_rows, _dumps(stats)
+            if col.path_in_schema in leaves:
+                footer.add(col, rg.num_rows)
+    footer.bound_long_strings()
+    return md.num_rows, _dumps(footer.stats(md.num_rows))
+
+
+@dataclass
+class _Footer:
+    """A file's statistics, leaf by leaf, summed up over its row groups."""
+
+    leaves: dict[str, tuple[tuple[str, ...], pa.DataType]]
+    bounded: set[str]
+    """The leaves whose bounds may be recorded (not NaN-holding, floats only with the rows)."""
+    data: pa.Table | None
+    nulls: dict[str, int | None] = field(default_factory=dict)
+    mins: dict[str, Any] = field(default_factory=dict)
+    maxs: dict[str, Any] = field(default_factory=dict)
+    unwritten: set[str] = field(default_factory=set)
+    """Leaves some group has no bounds for (not for being all null)."""
+    counted: set[str] = field(default_factory=set)
+    """Leaves whose null count was taken from the rows, for the whole file."""
+
+    def add(self, col: Any, group_rows: int) -> None:
+        """One column chunk of a row group of ``group_rows`` rows."""
+        key = col.path_in_schema
+        parts, t = self.leaves[key]
+        st = col.statistics
+        if key in self.counted:
+            pass  # counted from the rows already
+        elif st is None or not st.has_null_count:
+            # No count in the footer (its statistics left out, for NaN): the rows say.
+            self.nulls[key] = None if self.data is None else _leaf(self.data, parts).null_count
+            self.counted.add(key)
+        else:
+            self.nulls[key] = (self.nulls.get(key) or 0) + st.null_count
+        if st is None or not st.has_min_max:
+            # A group of nulls only has no bounds and narrows nothing; any other gap
+            # (bounds not written) makes the column's bounds unknown.
+            if not (st is not None and st.has_null_count and st.null_count == group_rows):
+                self.mins[key] = self.maxs[key] = None
+                self.unwritten.add(key)
+            return
+        lo, hi = _bound(_raw(st, "min", t), t, False), _bound(_raw(st, "max", t), t, True)
+        if key not in self.bounded:
+            lo = hi = None
+        if lo is None or hi is None or self.mins.get(key, 0) is None:
+            self.mins[key] = self.maxs[key] = None
+            return
+        self.mins[key] = lo if key not in self.mins else _lesser(self.mins[key], lo)
+        self.maxs[key] = hi if key not in self.maxs else _greater(self.maxs[key], hi)
+
+    def bound_long_strings(self) -> None:
+        """Parquet writers leave out the bounds of long values (over 4 KiB in Arrow's): a
+        string's come from the rows."""
+        for key in self.unwritten:
+            parts, t = self.leaves[key]
+            if self.data is not None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                low, high = pc.min_max(_leaf(self.data, parts)).values()
+                if low.is_valid and high.is_valid:
+                    self.mins[key], self.maxs[key] = (
+                        _bound(low.as_py(), t, False),
+                        _bound(high.as_py(), t, True),
+                    )
+
+    def stats(self, rows: int) -> dict[str, Any]:
+        stats: dict[str, Any] = {"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+        for key, (parts, _) in self.leaves.items():
+            if self.nulls.get(key) is not None:
+                _put(stats["nullCount"], parts, self.nulls[key])
+            if self.mins.get(key) is not None and self.maxs.get(key) is not None:
+                _put(stats["minValues"], parts, self.mins[key])
+                _put(stats["maxValues"], parts, self.maxs[key])
+        return stats
 
 
 def nan_leaves(data: pa.Table) -> set[str]:
