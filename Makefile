@@ -113,7 +113,7 @@ test-track1: $(STAMP) $(SPARK35_STAMP)
 	-@MVSINK_KAFKA_JARS="$(KAFKA4)" $(LINE) 4.x $(BIN)/python -m pytest -q --ignore=tests/chaos \
 		--ignore=tests/plan/test_distributed.py
 	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(DELTA_JVM) $(LINE) delta-3.3 \
-		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop tests/table/test_commit_outcome.py
+		$(SPARK35_VENV)/bin/python -m pytest -q tests/interop tests/table/test_commit.py
 
 # PySpark 3.5 (with Connect: its server jar from Maven Central), then delta-spark 4.4 on PySpark
 # 4.2, then the distributed suite on a standalone cluster (executors in their own JVMs).

@@ -35,7 +35,7 @@ from mvsink.cli.session import local_session
 from mvsink.errors import Where
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
-from mvsink.table.index import PersistedIndex, StoredIndex
+from mvsink.table.index import DriverIndex, StoredIndex
 from mvsink.table.schema import arrow_schema, target_struct
 
 
@@ -81,7 +81,7 @@ def restart_costs(target: str, name: str) -> dict[str, float]:
     stored = StoredIndex.of(sink.store, name, schema)
 
     def index_load() -> None:
-        PersistedIndex().sync(stored, snap, schema, Where())
+        DriverIndex().sync(stored, snap, schema, Where())
 
     def full_read() -> int:
         with ThreadPoolExecutor(8) as pool:

@@ -31,10 +31,14 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
         └── CorruptDeletionVector            a deletion vector's bytes are not what the log says
 
 Catch ``ConflictError`` to retry an epoch yourself (Spark retries a failed batch on restart);
-everything else is terminal for the epoch and leaves the target as it was, except
-``CommitOutcomeUnknownError``: the epoch's commit may have landed. Its staged files are kept
-(never delete what a version may reference), and running the epoch again, or the next one,
-decides from the Delta log.
+everything else is terminal for the epoch and leaves the target as it was, except two:
+
+* ``CommitOutcomeUnknownError``: the epoch's commit may have landed. Its staged files are kept
+  (never delete what a version may reference), and running the epoch again, or the next one,
+  decides from the Delta log.
+* ``InvariantViolation`` raised after the commit call (its message says so: a version that
+  landed other than planned, an overwrite that left files in place): the version landed, its
+  files are kept, and the next epoch of a complete view repairs the rows.
 """
 
 from __future__ import annotations
@@ -161,7 +165,9 @@ class CommitReplacedError(MVSinkError):
 
 
 class InvariantViolation(MVSinkError):
-    """An internal check failed. Nothing was committed; please report it with the log."""
+    """An internal check failed: a bug in mvsink or in the Delta engine below it; please report
+    it with the log. Raised before the commit call, nothing was committed; after it (the
+    message says which version), the version landed and its staged files are kept."""
 
 
 class CorruptDeletionVector(InvariantViolation):

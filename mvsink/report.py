@@ -5,11 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Outcome = Literal[
-    "committed", "unchanged", "between_refreshes", "replay", "before_as_of", "read_only", "fenced"
-]
-"""``unchanged``: nothing to change and no heartbeat due, so no version; ``between_refreshes``:
-not a refresh epoch (``refresh_every``): the batch ran, nothing was compared (``epoch/decide.py``)."""
+Reason = Literal["before_as_of", "replay", "fenced", "read_only", "between_refreshes"]
+"""Why an epoch wrote nothing, one reason each, decided in ``epoch/decide.py`` (its doc says
+when); ``between_refreshes``: not a refresh epoch (``refresh_every``): the batch ran, nothing
+was compared."""
+
+Outcome = Literal["committed", "unchanged", Reason]
+"""What an epoch did: committed a version; ``unchanged``: nothing to change and no heartbeat
+due, so no version (``decide.unchanged``); or wrote nothing, for a ``Reason``."""
+
+HELD: tuple[Outcome, ...] = ("committed", "unchanged", "replay", "between_refreshes")
+"""The outcomes after which the view holds the epoch (committed, or found it already there):
+only for those does a sink write what follows the view, such as its errors table."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class EpochReport:
         head = f"view {self.view} epoch {self.epoch}: {self.outcome}"
         if self.outcome == "replay":
             return f"{head} (frontier already {self.lower}; nothing written)"
-        if self.outcome in ("before_as_of", "between_refreshes", "unchanged", "fenced", "read_only"):
+        if self.outcome != "committed":
             return f"{head} (nothing written)"
         where = f" as version {self.version}" if self.version is not None else ""
         return (

@@ -21,14 +21,14 @@ from pyspark.sql import DataFrame
 
 from mvsink.compat import release
 from mvsink.config import SinkOptions
-from mvsink.epoch.query import running_query
+from mvsink.epoch.query import Query, running_query
 from mvsink.epoch.run import Epoch, SinkState
 from mvsink.epoch.workers import check_workers
 from mvsink.errors import CatalogUnavailable, ConfigError, InputError, Where
 from mvsink.ops.promote import promote
 from mvsink.options_doc import options_section, options_signature
 from mvsink.plan.quarantine import Quarantine, check_expressions, errors_options
-from mvsink.report import EpochReport
+from mvsink.report import HELD, EpochReport
 from mvsink.table.catalog import is_path, locate
 from mvsink.table.delta import read_frontier
 from mvsink.table.record import Keys
@@ -166,7 +166,9 @@ class MVSink:
             promote(self.target, self.name, self.options.writer, self.options.storage_options)
             self._read_only = False
 
-    def _with_errors_table(self, batch_df: DataFrame, epoch_id: int, where: Where) -> EpochReport:
+    def _with_errors_table(
+        self, batch_df: DataFrame, epoch_id: int, query: Query | None, where: Where
+    ) -> EpochReport:
         """Split the batch (``quarantine.py``): the rows that keep the rules to the view, then
         the error rows to the errors table. The view decides: the errors table is written only
         for an epoch the view committed or already holds (a replay: the errors table may have
@@ -176,9 +178,9 @@ class MVSink:
             self._errors = Quarantine(MVSink.from_options(errors_options(self.options)))
         marked, ok, bad = self._errors.split(batch_df, self.options, where)
         try:
-            view = self._epoch(ok, epoch_id)
+            view = self._epoch(ok, epoch_id, query)
             report = view.run()
-            if view.entitled and report.outcome in ("committed", "unchanged", "replay", "between_refreshes"):
+            if view.entitled and report.outcome in HELD:
                 try:
                     errors = self._errors.run(bad, epoch_id)
                 except Exception as exc:
@@ -250,7 +252,7 @@ class MVSink:
         self._locate_now()
         return read_frontier(self.target, self.options.app_id, self.options.storage_options)
 
-    def _epoch(self, desired: DataFrame, epoch: int) -> Epoch:
+    def _epoch(self, desired: DataFrame, epoch: int, query: Query | None) -> Epoch:
         return Epoch(
             self.state,
             self.options,
@@ -259,6 +261,7 @@ class MVSink:
             store=self.store,
             read_only=self.read_only,
             named=self._named,
+            query=query,
         )
 
     def __call__(self, batch_df: DataFrame, epoch_id: int) -> EpochReport:
@@ -278,9 +281,9 @@ class MVSink:
             if self.options.checks or self.options.not_null:
                 check_expressions(batch_df, self.options, where)
             if self.options.on_error == "table":
-                report = self._with_errors_table(batch_df, epoch_id, where)
+                report = self._with_errors_table(batch_df, epoch_id, query, where)
             else:
-                report = self._epoch(batch_df, epoch_id).run()
+                report = self._epoch(batch_df, epoch_id, query).run()
             if self.options.metrics_table and report.outcome == "committed" and report.version is not None:
                 self._record_metrics(report.version, where)
             if self._compact_due(report):

@@ -1,20 +1,30 @@
-"""Reading targets back the way independent readers do, and comparing multisets of rows."""
+"""The one home of helpers shared by test modules (no test module imports another): reading
+targets back the way independent readers do, comparing multisets of rows, and the frames,
+streaming queries and typed views several suites write. Shared fixtures are in conftest.py."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+import glob
 import json
 import math
 import os
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from mvsink import MVSink
 from mvsink.compat import to_arrow
 from mvsink.table.storage import Store
 from mvsink.table.uris import is_local, table_root
@@ -182,3 +192,287 @@ def put_parquet(target: str, path: str, table: pa.Table) -> int:
         out.write(data.to_pybytes())
         out.close()
     return int(data.size)
+
+
+# --- Frames of people: the rows most suites write --------------------------------------------
+
+PEOPLE = "id long, name string, x double"
+
+
+def frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: str = PEOPLE) -> DataFrame:
+    return spark.createDataFrame(rows, schema)
+
+
+def people(spark: SparkSession, ids: range, suffix: str = "") -> DataFrame:
+    """A row per id: ``(id, "n{id}{suffix}", id / 2)``."""
+    return frame(spark, [(i, f"n{i}{suffix}", i / 2) for i in ids])
+
+
+def foreign_append(target: str, rows: list[dict[str, object]]) -> None:
+    """Append ``rows`` to the target as another writer would (delta-rs, in the target's schema)."""
+    schema = pa.schema(DeltaTable(target).schema().to_arrow())
+    write_deltalake(target, pa.Table.from_pylist(rows, schema=schema), mode="append")
+
+
+# --- Streaming queries over folders of order files -------------------------------------------
+
+ORDERS = "product string, amount long"
+
+
+def write_orders(folder: str, name: str, rows: list[tuple[str, int]]) -> None:
+    """A CSV file of ``(product, amount)`` rows, put into ``folder`` whole (renamed into place)."""
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.writelines(f"{p},{a}\n" for p, a in rows)
+    os.rename(tmp, os.path.join(folder, f"{name}.csv"))
+
+
+def revenue_by_product(orders: DataFrame) -> DataFrame:
+    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
+
+
+def run_available(spark: SparkSession, source: str, target: str, ckpt: str, **options: Any) -> Any:
+    """A complete-mode query of revenue by product over ``source``, run on what is there
+    (availableNow) into ``MVSink(target, "revenue", **options)``; returns the view and the sink."""
+    view = revenue_by_product(spark.readStream.schema(ORDERS).csv(source))
+    sink = MVSink(target, "revenue", **options)
+    run_complete(view, sink, ckpt)
+    return view, sink
+
+
+def run_complete(view: DataFrame, sink: Any, ckpt: str) -> None:
+    """Run the complete-mode query ``view`` on what its sources hold (availableNow) into
+    ``sink``, checkpointed at ``ckpt``; fails on the query's error."""
+    query = (
+        view.writeStream.outputMode("complete")
+        .foreachBatch(sink)
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+
+def expected(spark: SparkSession, source: str) -> DataFrame:
+    """What ``run_available``'s view holds once it has read every file in ``source``."""
+    return revenue_by_product(spark.read.schema(ORDERS).csv(source))
+
+
+def run(spark: SparkSession, source: str, ckpt: str, sink: Any, *, complete: bool = True) -> Any:
+    """One availableNow run of a query over ``source`` into ``sink``, a file per batch; returns
+    the query's exception, if any."""
+    orders = spark.readStream.schema(ORDERS).option("maxFilesPerTrigger", 1).csv(source)
+    if complete:
+        writer = revenue_by_product(orders).writeStream.outputMode("complete")
+    else:
+        writer = orders.writeStream.outputMode("append")
+    query = writer.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    try:
+        query.awaitTermination(300)
+    except Exception as exc:  # the query failed: what its sink raised is in the message
+        return exc
+    return query.exception()
+
+
+# --- Kafka records of orders -----------------------------------------------------------------
+
+ORDER = "order_id long, product string, amount long"
+
+
+def parsed(raw: DataFrame, schema: str) -> DataFrame:
+    """Kafka records whose values are JSON objects, as columns."""
+    return raw.select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
+
+
+def revenue(orders: DataFrame) -> DataFrame:
+    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("orders"))
+
+
+# --- A view of every type Delta partitions and Spark reads (tests/interop) --------------------
+
+
+def view_sql(ids: range, tag: str = "") -> str:
+    return (
+        f"SELECT id, concat('n', id, '{tag}') AS name, id / 2 AS x, "
+        "date_add(DATE'2026-01-01', CAST(id % 3 AS INT)) AS day, CAST(id * 1.25 AS DECIMAL(10,2)) AS amount, "
+        "timestamp_micros(1767225600000000 + id) AS at "
+        f"FROM range({ids.start}, {ids.stop})"
+    )
+
+
+def view(spark: SparkSession, ids: range, tag: str = "") -> DataFrame:
+    return spark.sql(view_sql(ids, tag))
+
+
+def feed_by_version(spark: SparkSession, target: str, cols: list[str]) -> dict[int, dict[str, Counter[Any]]]:
+    """Delta's Change Data Feed of ``target`` from version 0, as multisets of rows per version
+    and change type."""
+    feed = (
+        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(target)
+    )
+    out: dict[int, dict[str, Counter[Any]]] = {}
+    table = to_arrow(feed)
+    for version in set(table.column("_commit_version").to_pylist()):
+        part = table.filter(pc.equal(table.column("_commit_version"), version))
+        out[version] = {
+            kind: multiset(part.filter(pc.equal(part.column("_change_type"), kind)), cols)
+            for kind in ("delete", "insert", "update_preimage", "update_postimage")
+        }
+    return out
+
+
+# --- Typed rows whose files hold distinct ranges of every column: readers' filters ------------
+
+_LONG = "n" * 40
+_PLACEHOLDER = "\x000\x00"  # once taken for a decimal by the stats' JSON
+_DAY0 = dt.date(2024, 1, 1)
+_T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+TYPED_SCHEMA = (
+    "k long, flag boolean, ratio double, half float, edge double, name string, short string, "
+    "bin binary, day date, stamp timestamp, amt decimal(10,2), ph string, "
+    "nested struct<x: double, label: string>"
+)
+
+
+def _typed_row(k: int) -> tuple[Any, ...]:
+    edge = {0: float("-inf"), 11: float("inf"), 6: -0.0, 7: 0.0}.get(k, k * 10.0)
+    return (
+        k,
+        k % 2 == 0,
+        k * 1.5 - 3,
+        k / 2,
+        edge,
+        _LONG + chr(97 + k),
+        f"s{k:02d}",
+        bytes([k]),
+        _DAY0 + dt.timedelta(days=k),
+        _T0 + dt.timedelta(hours=k),
+        decimal.Decimal(k) + decimal.Decimal("0.25"),
+        _PLACEHOLDER if k == 5 else f"p{k}",
+        (k * 1.0, _LONG + chr(97 + k)),
+    )
+
+
+TYPED_ROWS = [_typed_row(k) for k in range(12)]
+TYPED_COLUMNS = [c.split()[0] for c in TYPED_SCHEMA.split(", ")[:12]] + ["nested"]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A filter on the typed rows, as a pyarrow expression, as SQL and as Python."""
+
+    name: str
+    expression: ds.Expression
+    sql: str
+    keeps: Any  # the rows it keeps, by Python
+
+    def expected(self) -> set[int]:
+        return {r[0] for r in TYPED_ROWS if self.keeps(dict(zip(TYPED_COLUMNS, r, strict=True)))}
+
+
+def _field(*path: str) -> Any:
+    return ds.field(*path)
+
+
+FILTERS = [
+    Filter("boolean", _field("flag") == True, "flag = true", lambda r: r["flag"]),  # noqa: E712
+    Filter("double below", _field("ratio") < 5.0, "ratio < 5.0", lambda r: r["ratio"] < 5.0),
+    Filter("double above zero", _field("ratio") > 0.0, "ratio > 0.0", lambda r: r["ratio"] > 0),
+    Filter("float", _field("half") >= 2.5, "half >= 2.5", lambda r: r["half"] >= 2.5),
+    Filter("negative zero", _field("edge") == 0.0, "edge = 0.0", lambda r: r["edge"] == 0.0),
+    Filter("infinity", _field("edge") > 1e308, "edge > 1e308", lambda r: r["edge"] > 1e308),
+    Filter("-infinity", _field("edge") < -1e308, "edge < -1e308", lambda r: r["edge"] < -1e308),
+    Filter(
+        "long string", _field("name") == _LONG + "c", f"name = '{_LONG}c'", lambda r: r["name"] == _LONG + "c"
+    ),
+    Filter(
+        "long string above",
+        _field("name") > _LONG + "j",
+        f"name > '{_LONG}j'",
+        lambda r: r["name"] > _LONG + "j",
+    ),
+    Filter("short string", _field("short") == "s03", "short = 's03'", lambda r: r["short"] == "s03"),
+    Filter("binary", _field("bin") == bytes([4]), "bin = unhex('04')", lambda r: r["bin"] == bytes([4])),
+    Filter(
+        "date",
+        _field("day") >= _DAY0 + dt.timedelta(days=7),
+        "day >= DATE '2024-01-08'",
+        lambda r: r["day"] >= _DAY0 + dt.timedelta(days=7),
+    ),
+    Filter(
+        "timestamp",
+        _field("stamp") < _T0 + dt.timedelta(hours=5),
+        "stamp < TIMESTAMP '2024-01-01 05:00:00'",
+        lambda r: r["stamp"] < _T0 + dt.timedelta(hours=5),
+    ),
+    Filter(
+        "decimal",
+        _field("amt") == decimal.Decimal("3.25"),
+        "amt = 3.25",
+        lambda r: r["amt"] == decimal.Decimal("3.25"),
+    ),
+    Filter(
+        "placeholder string",
+        _field("ph") == _PLACEHOLDER,
+        "ph = concat(chr(0), '0', chr(0))",
+        lambda r: r["ph"] == _PLACEHOLDER,
+    ),
+    Filter("nested double", _field("nested", "x") > 8.0, "nested.x > 8.0", lambda r: r["nested"][0] > 8.0),
+    Filter(
+        "nested long string",
+        _field("nested", "label") == _LONG + "b",
+        f"nested.label = '{_LONG}b'",
+        lambda r: r["nested"][1] == _LONG + "b",
+    ),
+]
+
+
+def make_view(spark: Any, target: str) -> str:
+    """The 12 typed rows, 3 to a file, clustered by ``k``: files hold distinct ranges of every column."""
+    desired = spark.createDataFrame(TYPED_ROWS, TYPED_SCHEMA)
+    report = MVSink(target, "typed", max_rows_per_file=3, cluster_by=["k"])(desired, 0)
+    assert report.outcome == "committed"
+    assert len(DeltaTable(target).file_uris()) == 4
+    return target
+
+
+def duckdb_keys(target: str, where: str) -> set[int]:
+    """The ``k`` of the rows DuckDB's Delta reader (delta-kernel-rs) returns for ``where``."""
+    import duckdb
+    import duckdb_extension_delta
+
+    folder = os.path.dirname(duckdb_extension_delta.__file__)
+    (extension,) = glob.glob(os.path.join(folder, "extensions", "*", "delta.duckdb_extension"))
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    try:
+        con.execute(f"LOAD '{extension}'")
+        con.execute("SET TimeZone = 'UTC'")
+        rows = con.execute(f"SELECT k FROM delta_scan('{target}') WHERE {where}").fetchall()
+    finally:
+        con.close()
+    return {r[0] for r in rows}
+
+
+# --- Fingerprints ----------------------------------------------------------------------------
+
+
+def persisted_of(files: list[list[tuple[int, int]]]) -> Any:
+    """The fingerprints of files holding these ``(a, b)`` rows, numbered in order."""
+    import numpy as np
+
+    from mvsink.table.fingerprint import Fingerprints  # imported here: one suite's internals
+
+    flat = [(k, f, p) for f, rows in enumerate(files) for p, k in enumerate(rows)]
+    return Fingerprints(
+        a=np.array([k[0] for k, _, _ in flat], dtype=np.int64),
+        b=np.array([k[1] for k, _, _ in flat], dtype=np.int64),
+        file=np.array([f for _, f, _ in flat], dtype=np.int64),
+        pos=np.array([p for _, _, p in flat], dtype=np.int64),
+    )
+
+
+def foreign_delete(target: str, predicate: str) -> None:
+    """Delete rows of the target as another writer would (delta-rs's SQL-like predicate)."""
+    DeltaTable(table_root(target)).delete(predicate)

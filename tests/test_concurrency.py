@@ -12,22 +12,22 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from mvsink import MVSink, RetriesExhaustedError, frontier
-from mvsink.table.delta import foreign_append
+from mvsink import MVSink, RetriesExhaustedError, failpoints, frontier
 from tests.delta_session import delta_conf
 from tests.helpers import (
     added,
     assert_equal_to,
     commit_info,
     data_files_on_disk,
+    foreign_append,
     live_files,
     multiset,
     once,
+    people,
     removed,
     target_table,
     versions,
 )
-from tests.test_sink import people
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
@@ -45,9 +45,9 @@ def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spa
     def compact():
         compacted["metrics"] = DeltaTable(target).optimize.compact()
 
-    sink.state.before_commit = once(compact)
     desired = people(spark, [i for i in range(10) if i != 3])
-    report = sink(desired, 1)
+    with failpoints.armed({"before_commit": once(compact)}, view="compact"):
+        report = sink(desired, 1)
     assert compacted["metrics"]["numFilesRemoved"] >= 2  # the compaction really committed
     # The first commit was refused (strict compare-and-append); the retry ran against the
     # compacted files and row 3 is gone, not resurrected through the compacted file.
@@ -60,9 +60,10 @@ def test_a_compaction_between_snapshot_and_commit_does_not_lose_a_retraction(spa
 def test_a_foreign_append_in_the_commit_window_is_retried_and_repaired(spark, target, placement):
     sink = MVSink(target, "window", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
-    sink.state.before_commit = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
     desired = people(spark, range(6))
-    report = sink(desired, 1)
+    rogue = once(lambda: foreign_append(target, [{"id": 77, "name": "rogue", "x": 0.0}]))
+    with failpoints.armed({"before_commit": rogue}, view="window"):
+        report = sink(desired, 1)
     assert report.attempts == 2 and report.outcome == "committed"
     assert_equal_to(target, desired)
 
@@ -72,9 +73,9 @@ def test_a_replica_that_loses_the_race_does_not_commit_twice(spark, target, plac
     b = MVSink(target, "rep", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
     desired = people(spark, range(2, 9))
-    a.state.before_commit = once(lambda: b(desired, 1))  # the twin commits epoch 1 first
     before = versions(target)
-    report = a(desired, 1)
+    with failpoints.armed({"before_commit": once(lambda: b(desired, 1))}, view="rep"):  # b first
+        report = a(desired, 1)
     assert report.outcome == "replay" and report.attempts == 2
     assert versions(target) == [*before, before[-1] + 1]  # exactly one commit for epoch 1
     assert_equal_to(target, desired)
@@ -86,8 +87,8 @@ def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target, pla
     a = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
     b = MVSink(target, "newer", retry=RETRY_FAST, placement=placement)
     a(people(spark, range(5)), 0)
-    a.state.before_commit = once(lambda: b(people(spark, range(30, 33)), 2))
-    report = a(people(spark, range(10)), 1)
+    with failpoints.armed({"before_commit": once(lambda: b(people(spark, range(30, 33)), 2))}, view="newer"):
+        report = a(people(spark, range(10)), 1)
     assert report.outcome == "replay"
     assert frontier(target, "newer") == 3
     assert_equal_to(target, people(spark, range(30, 33)))
@@ -96,8 +97,9 @@ def test_a_newer_epoch_committed_by_a_replica_supersedes_ours(spark, target, pla
 def test_exhausted_retries_raise_and_leave_no_staged_files(spark, target, placement):
     sink = MVSink(target, "busy", retry=RETRY_FAST, placement=placement)
     sink(people(spark, range(5)), 0)
-    sink.state.before_commit = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])
-    with pytest.raises(RetriesExhaustedError) as info:
+    rogue = lambda snap: foreign_append(target, [{"id": 1, "name": "x", "x": 1.0}])  # noqa: E731
+    armed = failpoints.armed({"before_commit": rogue}, view="busy")
+    with armed, pytest.raises(RetriesExhaustedError) as info:
         sink(people(spark, range(3)), 1)
     err = info.value
     assert (err.view, err.target, err.epoch) == ("busy", target, 1)
@@ -144,7 +146,7 @@ def expected_after(mode: str, epoch: int) -> Counter:
 @pytest.mark.parametrize(
     ("target", "mode"),
     # In make soak: on Azure, the store's exclusive put is the S3 run's mechanism again; in upsert
-    # mode on local disk, the commit turn of tests/table/test_commit_outcome.py in processes.
+    # mode on local disk, the commit turn of tests/table/test_commit.py in processes.
     [
         ("s3", "complete"),
         pytest.param("local", "upsert", marks=pytest.mark.soak),

@@ -11,9 +11,16 @@ from deltalake import DeltaTable
 
 from mvsink import DuplicateKeyError, MVSink, frontier
 from mvsink.compat import SPARK_LINE, to_arrow
-from tests.helpers import assert_equal_to, multiset, target_table, versions
-from tests.test_sink import foreign_append
-from tests.test_streaming import expected, run_available, write_orders
+from tests.helpers import (
+    assert_equal_to,
+    expected,
+    foreign_append,
+    multiset,
+    run_available,
+    target_table,
+    versions,
+    write_orders,
+)
 
 SCHEMA = "id long, name string, x double"
 
@@ -79,8 +86,7 @@ def test_a_streaming_query_under_connect_survives_a_restart(connect, tmp_path, t
 def test_under_connect_the_checkpoint_option_gives_the_lineage(connect, tmp_path, local_target):
     import json
 
-    from tests.epoch.test_lineage import run
-    from tests.helpers import commit_info
+    from tests.helpers import commit_info, run
 
     target = local_target  # lineage is not the store's business: local disk only
 

@@ -25,7 +25,7 @@ RUN_BY = {
     "make demo": "tests/test_docs.py",
     "make test": ".ci/run",
     "mvsink run conf/upsert.toml": "tests/test_docs.py",
-    "spark-submit examples/spark_submit.py conf/upsert.toml": "tests/cli/test_jobs.py",
+    "spark-submit examples/spark_submit.py conf/upsert.toml": "tests/cli/test_runner.py",
     "PYTHONPATH=examples mvsink run conf/kafka.toml --arg bootstrap=broker:9092 --conf "
     "spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0": "tests/test_kafka.py",
 }

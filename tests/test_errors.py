@@ -8,21 +8,16 @@ import time
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from pydantic import ValidationError
 
 from mvsink import (
-    ConfigError,
     InputError,
     MVSink,
-    MVSinkError,
     SchemaMismatchError,
-    SinkOptions,
     TableHeldError,
     UnsupportedTableError,
 )
 from mvsink.table.storage import wait_for_cleanup
-from tests.helpers import assert_equal_to, store, target_table, versions
-from tests.test_sink import frame, people
+from tests.helpers import assert_equal_to, frame, people, store, target_table, versions
 
 
 def unchanged_after(target, action):
@@ -213,48 +208,6 @@ def test_a_bad_epoch_is_refused(spark, target, epoch):
     with pytest.raises(InputError, match="epoch"):
         MVSink(target, "ep")(people(spark, range(3)), epoch)
     assert not os.path.exists(target)
-
-
-@pytest.mark.parametrize(
-    "options, option",
-    [
-        ({"name": "has space"}, "name"),
-        ({"name": ""}, "name"),
-        ({"target": "hdfs://namenode/x"}, "target"),
-        ({"as_of": -1}, "as_of"),
-        ({"max_rows_per_file": 0}, "max_rows_per_file"),
-        ({"retry": {"max_attempts": 0}}, "retry.max_attempts"),
-        ({"mode": "merge"}, "mode"),
-        ({"placement": "cluster"}, "placement"),
-        ({"colour": "red"}, "colour"),
-    ],
-)
-def test_invalid_options_name_the_option(target, options, option):
-    kwargs = {"target": target, "name": "v", **options}
-    with pytest.raises(ConfigError) as info:
-        MVSink(**kwargs)
-    assert f"option {option!r}" in str(info.value)
-    assert isinstance(info.value, ValueError) and isinstance(info.value, MVSinkError)
-
-
-def test_options_load_from_toml(tmp_path, target):
-    conf = tmp_path / "view.toml"
-    conf.write_text(f'[sink]\ntarget = "{target}"\nname = "v"\nas_of = 3\n[sink.retry]\nmax_attempts = 4\n')
-    opts = SinkOptions.from_toml(conf)
-    assert (opts.as_of, opts.retry.max_attempts) == (3, 4)
-    sink = MVSink.from_options(opts)
-    assert sink.options == opts
-    conf.write_text('[sink]\ntarget = "x"\nname = "v"\nretry = { max_attempts = "many" }\n')
-    with pytest.raises(ConfigError, match=r"retry\.max_attempts"):
-        SinkOptions.from_toml(conf)
-    with pytest.raises(ConfigError, match="does not exist"):
-        SinkOptions.from_toml(tmp_path / "missing.toml")
-
-
-def test_options_are_frozen(target):
-    opts = SinkOptions.build(target=target, name="v")
-    with pytest.raises(ValidationError):
-        opts.as_of = 4  # type: ignore[misc]
 
 
 def test_a_foreign_table_with_other_columns_is_left_alone(spark, target):

@@ -162,8 +162,8 @@ def test_a_cache_that_cannot_be_released_does_not_replace_the_epochs_outcome(spa
     def interrupt(_snap: Any) -> None:  # as query.stop() does to the thread running the batch
         spark._jvm.java.lang.Thread.currentThread().interrupt()
 
-    sink.state.before_commit = interrupt
-    report = sink(view(spark, 0), 0)
+    with failpoints.armed({"before_commit": interrupt}, view="v"):
+        report = sink(view(spark, 0), 0)
     assert report.outcome == "committed" and rows_of(DeltaTable(local_target)) == expected(0)
     spark._jvm.java.lang.Thread.interrupted()  # clear the flag, whatever consumed it
 

@@ -23,23 +23,12 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from mvsink import LineageError, MVSink
-from tests.helpers import commit_info, multiset, target_table, versions
+from tests.helpers import ORDER, commit_info, multiset, parsed, revenue, target_table, versions
 from tests.kafka import Kafka
 
-ORDER = "order_id long, product string, amount long"
 CHANGE = "id long, seq long, deleted boolean, name string, amount long"
-
-
-def parsed(raw: DataFrame, schema: str) -> DataFrame:
-    """Kafka records whose values are JSON objects, as columns."""
-    return raw.select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
-
-
-def revenue(orders: DataFrame) -> DataFrame:
-    return orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("orders"))
 
 
 def stream(spark: SparkSession, kafka: Kafka, topic: str, **options: str) -> DataFrame:
@@ -395,7 +384,7 @@ from pyspark.sql import functions as F
 from mvsink import MVSink
 from mvsink.cli.session import local_session
 from tests.kafka import KAFKA_JARS
-from tests.test_kafka import ORDER, parsed, revenue
+from tests.helpers import ORDER, parsed, revenue
 bootstrap, topic, target, ckpt, ready, stop = sys.argv[1:7]
 spark = local_session("replica", conf={"spark.driver.memory": "1g", "spark.jars": ",".join(KAFKA_JARS)})
 raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
@@ -429,7 +418,12 @@ def test_replicas_sharing_kafka_offsets_keep_the_view_exact_through_a_kill_and_a
     def replica(name: str, failpoints: str = "") -> subprocess.Popen[str]:
         ready = tmp_path / f"ready-{name}"
         ready.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.getcwd(), "MVSINK_FAILPOINTS": failpoints}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.getcwd(),
+            "MVSINK_FAILPOINTS": failpoints,
+            "MVSINK_FAILPOINTS_ENABLE": "1",
+        }
         proc = subprocess.Popen(
             [
                 sys.executable,

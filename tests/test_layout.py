@@ -83,6 +83,42 @@ def test_a_module_imports_only_its_own_part_and_lower_ones(module):
     assert not above, f"{module} imports {above}, which are not below its part ({mine})"
 
 
+TESTS = PACKAGE.parent / "tests"
+
+
+def _has_logic(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m, p in _modules().items() if p.name != "__init__.py" and _has_logic(p))
+)
+def test_every_module_with_logic_has_a_test_module(module):
+    """The tests mirror the package: ``mvsink/a/b.py`` is tested by ``tests/a/test_b.py``, or,
+    for what only runs against the JVM Delta runtime, by ``tests/interop/test_b.py``."""
+    *folders, name = module.split(".")[1:]
+    mirror = TESTS.joinpath(*folders, f"test_{name}.py")
+    interop = TESTS / "interop" / f"test_{name}.py"
+    assert mirror.exists() or interop.exists(), (
+        f"{module} has no test module ({mirror.relative_to(TESTS.parent)})"
+    )
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/helpers.py (fixtures in conftest.py): a test module that
+    imports another runs that module's tests' set-up twice and ties the two together."""
+    found = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = node.module or ""
+            if (module.split(".")[0] == "tests" or node.level) and module.split(".")[-1].startswith("test_"):
+                found.append(f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {module}")
+    assert not found, "\n".join(found)
+
+
 def test_no_import_cycles():
     graph = {m: {i for i in _imports(p) if i in _modules()} for m, p in _modules().items()}
     done: set[str] = set()
@@ -101,3 +137,19 @@ def test_no_import_cycles():
 
     for module in sorted(graph):
         visit(module, [])
+
+
+SHIM = {"mvsink.table.delta", "mvsink.table.commit", "mvsink.table.jvm_delta"}
+"""The Delta shim: the only modules that import ``deltalake`` (the rest speak mvsink's verbs)."""
+
+
+def test_only_the_delta_shim_imports_deltalake():
+    found = []
+    for module, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n.split(".")[0] == "deltalake" for n in names) and module not in SHIM:
+                found.append(f"{module}:{node.lineno}")
+    assert not found, "deltalake imported outside the Delta shim: " + ", ".join(found)

@@ -5,11 +5,9 @@ on every type, through delta-rs's dataset (here), DuckDB and Spark's JVM Delta
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import glob
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.dataset as ds
@@ -18,117 +16,15 @@ import pytest
 from deltalake import DeltaTable
 
 from mvsink import MVSink
-from tests.helpers import live_files, spark_read_listed, store, target_table
-
-LONG = "n" * 40
-PLACEHOLDER = "\x000\x00"  # once taken for a decimal by the stats' JSON
-DAY0 = dt.date(2024, 1, 1)
-T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
-SCHEMA = (
-    "k long, flag boolean, ratio double, half float, edge double, name string, short string, "
-    "bin binary, day date, stamp timestamp, amt decimal(10,2), ph string, "
-    "nested struct<x: double, label: string>"
+from tests.helpers import (
+    FILTERS,
+    TYPED_COLUMNS,
+    live_files,
+    make_view,
+    spark_read_listed,
+    store,
+    target_table,
 )
-
-
-def row(k: int) -> tuple[Any, ...]:
-    edge = {0: float("-inf"), 11: float("inf"), 6: -0.0, 7: 0.0}.get(k, k * 10.0)
-    return (
-        k,
-        k % 2 == 0,
-        k * 1.5 - 3,
-        k / 2,
-        edge,
-        LONG + chr(97 + k),
-        f"s{k:02d}",
-        bytes([k]),
-        DAY0 + dt.timedelta(days=k),
-        T0 + dt.timedelta(hours=k),
-        decimal.Decimal(k) + decimal.Decimal("0.25"),
-        PLACEHOLDER if k == 5 else f"p{k}",
-        (k * 1.0, LONG + chr(97 + k)),
-    )
-
-
-ROWS = [row(k) for k in range(12)]
-COLUMNS = [c.split()[0] for c in SCHEMA.split(", ")[:12]] + ["nested"]
-
-
-@dataclass(frozen=True)
-class Filter:
-    name: str
-    expression: ds.Expression
-    sql: str
-    keeps: Any  # the rows it keeps, by Python
-
-    def expected(self) -> set[int]:
-        return {r[0] for r in ROWS if self.keeps(dict(zip(COLUMNS, r, strict=True)))}
-
-
-def _field(*path: str) -> Any:
-    return ds.field(*path)
-
-
-FILTERS = [
-    Filter("boolean", _field("flag") == True, "flag = true", lambda r: r["flag"]),  # noqa: E712
-    Filter("double below", _field("ratio") < 5.0, "ratio < 5.0", lambda r: r["ratio"] < 5.0),
-    Filter("double above zero", _field("ratio") > 0.0, "ratio > 0.0", lambda r: r["ratio"] > 0),
-    Filter("float", _field("half") >= 2.5, "half >= 2.5", lambda r: r["half"] >= 2.5),
-    Filter("negative zero", _field("edge") == 0.0, "edge = 0.0", lambda r: r["edge"] == 0.0),
-    Filter("infinity", _field("edge") > 1e308, "edge > 1e308", lambda r: r["edge"] > 1e308),
-    Filter("-infinity", _field("edge") < -1e308, "edge < -1e308", lambda r: r["edge"] < -1e308),
-    Filter(
-        "long string", _field("name") == LONG + "c", f"name = '{LONG}c'", lambda r: r["name"] == LONG + "c"
-    ),
-    Filter(
-        "long string above",
-        _field("name") > LONG + "j",
-        f"name > '{LONG}j'",
-        lambda r: r["name"] > LONG + "j",
-    ),
-    Filter("short string", _field("short") == "s03", "short = 's03'", lambda r: r["short"] == "s03"),
-    Filter("binary", _field("bin") == bytes([4]), "bin = unhex('04')", lambda r: r["bin"] == bytes([4])),
-    Filter(
-        "date",
-        _field("day") >= DAY0 + dt.timedelta(days=7),
-        "day >= DATE '2024-01-08'",
-        lambda r: r["day"] >= DAY0 + dt.timedelta(days=7),
-    ),
-    Filter(
-        "timestamp",
-        _field("stamp") < T0 + dt.timedelta(hours=5),
-        "stamp < TIMESTAMP '2024-01-01 05:00:00'",
-        lambda r: r["stamp"] < T0 + dt.timedelta(hours=5),
-    ),
-    Filter(
-        "decimal",
-        _field("amt") == decimal.Decimal("3.25"),
-        "amt = 3.25",
-        lambda r: r["amt"] == decimal.Decimal("3.25"),
-    ),
-    Filter(
-        "placeholder string",
-        _field("ph") == PLACEHOLDER,
-        "ph = concat(chr(0), '0', chr(0))",
-        lambda r: r["ph"] == PLACEHOLDER,
-    ),
-    Filter("nested double", _field("nested", "x") > 8.0, "nested.x > 8.0", lambda r: r["nested"][0] > 8.0),
-    Filter(
-        "nested long string",
-        _field("nested", "label") == LONG + "b",
-        f"nested.label = '{LONG}b'",
-        lambda r: r["nested"][1] == LONG + "b",
-    ),
-]
-
-
-def make_view(spark: Any, target: str) -> str:
-    """The 12 rows, 3 to a file, clustered by ``k``: files hold distinct ranges of every column."""
-    desired = spark.createDataFrame(ROWS, SCHEMA)
-    report = MVSink(target, "typed", max_rows_per_file=3, cluster_by=["k"])(desired, 0)
-    assert report.outcome == "committed"
-    assert len(DeltaTable(target).file_uris()) == 4
-    return target
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +49,7 @@ def test_every_file_has_bounds_for_every_column_delta_bounds(typed_view):
     stats = file_stats(typed_view)
     assert len(stats) == 4
     for one in stats:
-        assert set(one["minValues"]) == set(COLUMNS) - {"bin"}, one
+        assert set(one["minValues"]) == set(TYPED_COLUMNS) - {"bin"}, one
         assert one["minValues"]["nested"].keys() == {"x", "label"}
         assert all(len(one[b]["name"]) == 32 for b in ("minValues", "maxValues"))
     assert {s["minValues"]["edge"] for s in stats} >= {"-Infinity"}
@@ -204,8 +100,8 @@ def test_a_null_filter_on_a_float_column_holding_nan_finds_its_nulls(spark, tmp_
         spark.createDataFrame(rows, "k long, x double"), 0
     )
     dataset = DeltaTable(target).to_pyarrow_dataset()
-    assert dataset.to_table(filter=_field("x").is_null()).column("k").to_pylist() == [5]
-    assert sorted(dataset.to_table(filter=_field("x").is_valid()).column("k").to_pylist()) == [1, 2, 6]
+    assert dataset.to_table(filter=ds.field("x").is_null()).column("k").to_pylist() == [5]
+    assert sorted(dataset.to_table(filter=ds.field("x").is_valid()).column("k").to_pylist()) == [1, 2, 6]
 
 
 _MICRO = dt.timedelta(microseconds=1)

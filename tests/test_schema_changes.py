@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from mvsink import MVSink, SchemaMismatchError
+from mvsink import MVSink, SchemaMismatchError, failpoints
 from mvsink.compat import to_arrow
 from tests.helpers import (
     added,
@@ -20,6 +20,7 @@ from tests.helpers import (
     commit_info,
     live_files,
     multiset,
+    once,
     removed,
     spark_read_listed,
     store,
@@ -205,12 +206,11 @@ def test_a_replica_on_the_old_query_conflicts_and_is_refused_rather_than_changin
     new = MVSink(local_target, "v", schema_changes="evolve", lineage="q")
     old(old_query(spark, range(0, 6)), 0)
 
-    def redeployed_commits_first(snap: object) -> None:
-        old.state.before_commit = None
+    def redeployed_commits_first() -> None:
         new(new_query(spark, range(0, 6)), 1)
 
-    old.state.before_commit = redeployed_commits_first
-    with pytest.raises(SchemaMismatchError, match="runs the query the view's query replaced") as info:
+    armed = failpoints.armed({"before_commit": once(redeployed_commits_first)}, view="v")
+    with armed, pytest.raises(SchemaMismatchError, match="runs the query the view's query replaced") as info:
         old(old_query(spark, range(0, 7)), 2)
     print(info.value)
     assert "left at version 1" in str(info.value) and "epoch 2" in str(info.value)

@@ -8,20 +8,23 @@ import os
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
-from pyspark.sql import DataFrame, SparkSession
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
 
 import mvsink
-from mvsink import MVSink, frontier
+from mvsink import MVSink, failpoints, frontier
 from mvsink.compat import to_arrow
 from tests.helpers import (
     added,
     assert_equal_to,
     commit_info,
     data_files_on_disk,
+    foreign_append,
+    frame,
     live_files,
     log_entry,
     multiset,
+    people,
     removed,
     spark_read_listed,
     target_table,
@@ -30,21 +33,6 @@ from tests.helpers import (
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
-
-SCHEMA = "id long, name string, x double"
-
-
-def frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: str = SCHEMA) -> DataFrame:
-    return spark.createDataFrame(rows, schema)
-
-
-def people(spark: SparkSession, ids: range, suffix: str = "") -> DataFrame:
-    return frame(spark, [(i, f"n{i}{suffix}", i / 2) for i in ids])
-
-
-def foreign_append(target: str, rows: list[dict[str, object]]) -> None:
-    schema = pa.schema(DeltaTable(target).schema().to_arrow())
-    write_deltalake(target, pa.Table.from_pylist(rows, schema=schema), mode="append")
 
 
 def test_first_epoch_creates_the_table_and_records_the_frontier(spark, target):
@@ -343,8 +331,8 @@ def test_a_staged_file_gone_before_the_commit_fails_the_epoch_and_commits_nothin
         staged = data_files_on_disk(target) - live_files(target)
         store(target).fs.delete_file(sorted(staged)[0])
 
-    sink.state.before_commit = vacuum_too_eager
-    with pytest.raises(InvariantViolation, match="missing or changed before the commit"):
+    armed = failpoints.armed({"before_commit": vacuum_too_eager}, view="vanish")
+    with armed, pytest.raises(InvariantViolation, match="missing or changed before the commit"):
         sink(people(spark, range(5, 15)), 1)
     assert versions(target) == [0]
     assert data_files_on_disk(target) == live_files(target)  # the attempt's files are gone

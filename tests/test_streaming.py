@@ -4,44 +4,9 @@ from __future__ import annotations
 
 import os
 
-from pyspark.sql import functions as F
-
 from mvsink import MVSink, frontier
 from mvsink.cli.main import main
-from tests.helpers import assert_equal_to, target_table, versions
-
-
-def write_orders(folder: str, name: str, rows: list[tuple[str, int]]) -> None:
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.writelines(f"{p},{a}\n" for p, a in rows)
-    os.rename(tmp, os.path.join(folder, f"{name}.csv"))
-
-
-def run_available(spark, source, target, ckpt, **options):
-    orders = spark.readStream.schema("product string, amount long").csv(source)
-    view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
-    sink = MVSink(target, "revenue", **options)
-    query = (
-        view.writeStream.outputMode("complete")
-        .foreachBatch(sink)
-        .option("checkpointLocation", ckpt)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None
-    return view, sink
-
-
-def expected(spark, source):
-    return (
-        spark.read.schema("product string, amount long")
-        .csv(source)
-        .groupBy("product")
-        .agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
-    )
+from tests.helpers import assert_equal_to, expected, run_available, target_table, versions, write_orders
 
 
 def test_a_complete_mode_query_keeps_the_view_across_restarts(spark, tmp_path, target):
@@ -101,14 +66,6 @@ def test_cli_reports_a_bad_job_file(tmp_path, capsys):
     conf.write_text('[sink]\ntarget = "x"\nname = "bad name"\n')
     assert main(["run", str(conf)]) == 2
     assert "option 'sink.name'" in capsys.readouterr().err
-
-
-def test_the_shipped_job_files_are_valid():
-    from mvsink.cli.job import DEFAULT, JobConfig
-
-    for name in os.listdir("conf"):
-        JobConfig.load(os.path.join("conf", name))
-    assert JobConfig.load(None) == JobConfig.model_validate(DEFAULT)
 
 
 def test_each_shipped_mode_example_runs(spark, tmp_path, capsys):

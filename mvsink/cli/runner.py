@@ -188,14 +188,25 @@ def _not_mvsink_errors(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], MVSinkError))
 
 
+def _foreign_append(target: str, rows: list[dict[str, Any]]) -> None:
+    """Append rows as another writer would (delta-rs through the shim, no mvsink records)."""
+    schema = pa.schema(delta.open_table(target).schema().to_arrow())
+    delta.write_rows(target, pa.Table.from_pylist(rows, schema=schema))
+
+
+def _foreign_delete(target: str, predicate: str) -> None:
+    """Delete rows as another writer would, with delta-rs's SQL-like predicate."""
+    delta.open_table(target).delete(predicate)
+
+
 def _tamper(sink: MVSink, epoch: int) -> None:
     """Disturb the view as a stray writer would: a rogue row in, a real row out."""
     table = delta.read_table(sink.target)
     victim = sorted(table.column(table.column_names[0]).to_pylist(), key=repr)[0]
     rogue: dict[str, Any] = {name: None for name in table.column_names}
     rogue[table.column_names[0]] = "rogue"
-    delta.foreign_append(sink.target, [rogue])
-    delta.foreign_delete(sink.target, f"{table.column_names[0]} = '{victim}'")
+    _foreign_append(sink.target, [rogue])
+    _foreign_delete(sink.target, f"{table.column_names[0]} = '{victim}'")
     print(
         show_table(
             delta.read_table(sink.target),

@@ -272,17 +272,27 @@ def query_start(checkpoint: str, storage_options: Mapping[str, str], where: Wher
     return _first_start(checkpoint, storage_options, where, changes_only=True)
 
 
-def batch_start(epoch: int, opts: SinkOptions, where: Where, before: Time | None = None) -> Time | None:
-    """Where the batch's data starts (see the module doc), or None where that is not known.
-    ``before``: the time of the batch before this one, if this process saw it."""
+Start = Time | ConfigError | None
+"""Where a batch starts (``batch_start``): its time; None where that is not known; or the
+error reading it from the checkpoint (the batch before's offsets gone): the reset check then
+has nothing to compare, the gap check fails with it (``decide.py``)."""
+
+
+def batch_start(epoch: int, opts: SinkOptions, where: Where, before: Time | None = None) -> Start:
+    """Where the batch's data starts (see the module doc), as a value: a checkpoint that could
+    not be read gives its ``ConfigError``. ``before``: the time of the batch before this one,
+    if this process saw it."""
     if callable(opts.clock) or before is not None:
         return before
     if opts.clock != "source_offsets":
         return None
-    if epoch > 0:
-        return _offsets(opts, epoch - 1, where)
     assert opts.checkpoint is not None
-    return _first_start(opts.checkpoint, opts.storage_options, where)
+    try:
+        if epoch > 0:
+            return _offsets(opts, epoch - 1, where)
+        return _first_start(opts.checkpoint, opts.storage_options, where)
+    except ConfigError as exc:
+        return exc
 
 
 def _first_start(
@@ -443,6 +453,24 @@ def _legacy(snap: Snapshot, app_id: str, time: Time, found: dict[str, int]) -> T
     if not time.legacy or snap.transaction(keys.clock(f"{_NAMES}@{digest}")) != tag:
         found[_OTHER_PARTS] = 0
     return Time.of(found)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where an epoch's time stands against the view's committed time: what ``decide`` reads,
+    and the stall watch hears (``Stall.observe``)."""
+
+    time: Time
+    """The epoch's time."""
+    verdict: Verdict
+    committed: Time | None
+    """The view's committed time (None: nothing was committed under the clock)."""
+
+
+def standing(time: Time, snap: Snapshot, app_id: str) -> Standing:
+    """Where ``time`` stands against the committed time of ``snap`` (``compare``)."""
+    committed = committed_time(snap, app_id, time)
+    return Standing(time, compare(time, committed), committed)
 
 
 def compare(time: Time, committed: Time | None) -> Verdict:

@@ -4,7 +4,7 @@
     snapshot -> decide -> (Skip: drain, report) | holder -> layout -> plan -> stage -> commit -> report
                                                                    (Lost: discard, back off, again)
 
-A commit's outcome is a value (``table/delta.append``: ``Landed`` or ``Lost``), or an error when
+A commit's outcome is a value (``table/commit.append``: ``Landed`` or ``Lost``), or an error when
 the log cannot tell (``CommitOutcomeUnknownError``: the staged files are kept, I4).
 ``SinkState`` is what a sink keeps between epochs; ``Epoch`` reads it and the options, never
 the sink object.
@@ -30,13 +30,13 @@ from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, spark_reason
 from mvsink.config import RetryPolicy, SinkOptions
 from mvsink.epoch import holder
-from mvsink.epoch.clock import Stall, Time, batch_start, epoch_time, query_start
+from mvsink.epoch.clock import Stall, Standing, Time, batch_start, epoch_time, query_start, standing
 from mvsink.epoch.clock import transactions as clock_transactions
-from mvsink.epoch.decide import Clocked, Commit, Skip, decide
+from mvsink.epoch.decide import Commit, Refuse, Skip, decide, unchanged
 from mvsink.epoch.holder import Holding
 from mvsink.epoch.lineage import DIRECT, Lineage, lineage_of
 from mvsink.epoch.mint import BatchDescription
-from mvsink.epoch.query import check_output_mode, running_query
+from mvsink.epoch.query import Query, check_output_mode
 from mvsink.errors import (
     CommitReplacedError,
     ConfigError,
@@ -54,35 +54,17 @@ from mvsink.plan.context import DriverBudget, EpochContext, give_back_memory
 from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
+from mvsink.table.commit import Landed, Lost, add_columns, append
 from mvsink.table.deletion_vectors import vector_files
-from mvsink.table.delta import (
-    Landed,
-    Lost,
-    Snapshot,
-    add_columns,
-    append,
-    keeps_files_across_schema_change,
-    load_snapshot,
-    physical_names,
-)
-from mvsink.table.index import PersistedIndex
+from mvsink.table.delta import Snapshot, keeps_files_across_schema_change, load_snapshot
+from mvsink.table.index import DriverIndex
+from mvsink.table.layout import Layout, layout_for
 from mvsink.table.log import commit_info
+from mvsink.table.plan import Plan, Staged
 from mvsink.table.record import ATTEMPT, EpochRecord, Keys, now_ms, schema_metadata
-from mvsink.table.schema import (
-    check_evolution,
-    check_fits,
-    check_roles,
-    check_supported,
-    evolved_schema_json,
-    named_by_the_table,
-    schema_change,
-    schema_digest,
-    stored_struct,
-    target_schema_json,
-    target_struct,
-)
+from mvsink.table.schema import check_roles, check_supported, schema_change, schema_digest, stored_struct
+from mvsink.table.staging import discard, stage
 from mvsink.table.storage import Store
-from mvsink.table.write import Layout, Plan, Staged, discard, stage
 
 log = logging.getLogger("mvsink.sink")
 _COMMIT = re.compile(r"_delta_log/\d{20}\.json")
@@ -126,6 +108,29 @@ class Mode(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class Planning:
+    """A mode's planner for one epoch, and what its plans found over the epoch's attempts: the
+    data files they read (the report's ``files_read``); a plan whose planning ran every
+    partition of the batch tells the context, whose ``drain`` then need not run it."""
+
+    planner: Mode
+    ctx: EpochContext
+    files_read: int = 0
+
+    def plan(self, snap: Snapshot, layout: Layout) -> Plan:
+        plan = self.planner.plan(snap, layout)
+        self.files_read += plan.files_read
+        self.ctx.batch_ran = self.ctx.batch_ran or plan.ran_batch
+        return plan
+
+    def committed(self, staged: Staged) -> None:
+        self.planner.committed(staged)
+
+    def close(self) -> None:
+        self.planner.close()
+
+
 @dataclass(frozen=True)
 class LandedCommit:
     """A commit this sink landed (``SinkState.landed``)."""
@@ -142,7 +147,7 @@ class LandedCommit:
 class SinkState:
     """What a sink keeps between its epochs, in the process it runs in (never pickled)."""
 
-    index: PersistedIndex = field(default_factory=PersistedIndex)
+    index: DriverIndex = field(default_factory=DriverIndex)
     """Complete mode: the entries of the table's files, on the driver."""
     tombstones: Tombstones = field(default_factory=Tombstones)
     """Upsert mode: the view's tombstone sets read or written."""
@@ -162,12 +167,6 @@ class SinkState:
     landed: LandedCommit | None = None
     """The last commit this sink landed, until the next epoch checked that the log still holds
     it (``Epoch._check_still_ours``)."""
-    before_commit: Callable[[Snapshot], None] | None = None
-    """Called with the snapshot after staging and before committing (tests land a competing
-    commit in exactly that window)."""
-    after_commit_call: Callable[[], None] | None = None
-    """Called right after the commit call returns, inside its error handling (tests fail a
-    commit that landed, as a post-commit step of delta-rs can)."""
 
     def lineage(self, found: str) -> str:
         """A sink serves one query: once it has seen the query's lineage, a batch that shows
@@ -180,7 +179,7 @@ class SinkState:
 
     def forget_table(self) -> None:
         """The target moved: what was known of the old folder's files goes."""
-        self.index, self.tombstones, self.landed = PersistedIndex(), Tombstones(), None
+        self.index, self.tombstones, self.landed = DriverIndex(), Tombstones(), None
 
 
 class Epoch:
@@ -196,6 +195,7 @@ class Epoch:
         store: Store,
         read_only: bool,
         named: str | None,
+        query: Query | None,
     ) -> None:
         self.state = state
         self.opts = opts
@@ -207,7 +207,6 @@ class Epoch:
         self.where = Where(opts.name, opts.target, epoch)
         self.started = time.monotonic()
         self.stored = stored_struct(desired.schema, opts.delete_column)
-        query = running_query(desired, bool(opts.lineage or opts.checkpoint), self.where)
         check_output_mode(desired, opts.mode, query, self.where)
         self.lineage = state.lineage(lineage_of(desired, query.id if query else None, opts, self.where))
         self.checkpoint = opts.checkpoint or (query.checkpoint if query else None)
@@ -222,13 +221,14 @@ class Epoch:
         self.ctx = EpochContext(desired, opts, self.where, store, budget=state.budget)
         self.entitled = True
         """Whether the last attempt found this sink entitled to write the view (``Skip``)."""
-        self.mode: Mode
+        planner: Mode
         if opts.mode == "complete":
-            self.mode = Complete(self.ctx, state.index)
+            planner = Complete(self.ctx, state.index)
         elif opts.mode == "upsert":
-            self.mode = Upsert(self.ctx, state.tombstones)
+            planner = Upsert(self.ctx, state.tombstones)
         else:
-            self.mode = Append(self.ctx)
+            planner = Append(self.ctx)
+        self.mode = Planning(planner, self.ctx)
 
     def run(self) -> EpochReport:
         raw, opts = self.ctx.batch, self.opts
@@ -291,8 +291,12 @@ class Epoch:
         self._check_not_retired(snap, layout)
         plan = self.mode.plan(snap, layout)
         staged = self.stage(plan, snap, layout)
-        if not (staged.adds or staged.removes or decision.always or layout.replaces or holding.took_over):
-            # Nothing to change, no heartbeat due, the schema kept: no version (decide.py).
+        if unchanged(
+            decision,
+            writes_files=bool(staged.adds or staged.removes),
+            changes_schema=bool(layout.replaces),
+            takes_table=bool(holding.took_over),
+        ):
             self.discard(staged, plan)
             self.ctx.drain()
             return self.report("unchanged", decision.desc.lower, None, None, attempt, snap)
@@ -336,37 +340,17 @@ class Epoch:
 
     def layout(self, snap: Snapshot) -> Layout:
         """The target's schema and partition columns: the table's, or those it will get."""
-        wanted = self.opts.partition_by
-        if not snap.exists:
-            schema_json = target_schema_json(self.stored)
-            return Layout(schema_json, target_struct(schema_json), tuple(wanted or ()))
-        assert snap.schema_json is not None
-        if wanted is not None and tuple(wanted) != snap.partition_by:
-            raise ConfigError(
-                f"option 'partition_by' is {list(wanted)} but the target is partitioned by "
-                f"{list(snap.partition_by)}; drop the option to keep the target's partitioning",
-                self.where,
-            )
-        change = schema_change(self.stored, snap.schema_json)
-        if not change:
-            return Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
-        if self.opts.schema_changes == "refuse":
-            check_fits(self.stored, snap.schema_json, self.where)
         opts = self.opts
-        roles = [(c, "key") for c in opts.key] + [(c, "partition") for c in snap.partition_by]
-        roles += [(opts.sequence_column, "sequence")] if opts.sequence_column else []
-        check_evolution(
-            change,
+        return layout_for(
+            self.stored,
+            snap,
+            partition_by=opts.partition_by,
+            schema_changes=opts.schema_changes,
             mode=opts.mode,
-            desired=self.stored,
-            roles=roles,
-            mapped=bool(physical_names(snap.schema_json)),
-            features=snap.features,
-            named=named_by_the_table(snap.schema_json, snap.configuration),
+            key=opts.key,
+            sequence_column=opts.sequence_column,
             where=self.where,
         )
-        schema_json = evolved_schema_json(snap.schema_json, self.stored)
-        return Layout(schema_json, target_struct(schema_json), snap.partition_by, replaces=snap.schema_json)
 
     def _check_not_retired(self, snap: Snapshot, layout: Layout) -> None:
         """A sink about to change the table's schema does not change it to one the table left:
@@ -386,19 +370,28 @@ class Epoch:
             )
 
     def decide(self, snap: Snapshot) -> Commit | Skip:
+        """``decide.decide`` over what this attempt knows: under a shared clock, the epoch's
+        standing against ``snap`` and where its batch starts, read here; the stall watch hears
+        the standing; a ``Refuse`` raises its error."""
         opts = self.opts
-        return decide(
+        clock = None if self.time is None else standing(self.time, snap, opts.app_id)
+        decision = decide(
             snap,
             self.epoch,
             opts,
             lineage=self.lineage,
-            time=self.time,
             read_only=self.read_only,
-            batch_start=lambda: batch_start(self.epoch, opts, self.where, self.before),
+            clock=clock,
+            start=None if clock is None else batch_start(self.epoch, opts, self.where, self.before),
+            now=now_ms(),
             where=self.where,
-            on_clock=self._watch_stall,
             query_start=self._query_start,
         )
+        if decision.stall is not None:
+            self._watch_stall(decision.stall)
+        if isinstance(decision, Refuse):
+            raise decision.error
+        return decision
 
     def _query_start(self) -> Time | None:
         """Where this epoch's query started reading (None: not known), read once a lineage; a
@@ -481,28 +474,16 @@ class Epoch:
         attempt_id = uuid.uuid4().hex
         try:
             ctx.drain()
-            if self.state.before_commit is not None:
-                self.state.before_commit(snap)
-            failpoints.hit("before_commit")
+            failpoints.hit("before_commit", self.where, snap)
             self._check_staged(staged)
         except BaseException:
             self.discard(staged, plan)  # not committed: nothing can reference them (I4)
             raise
-        schema_json = layout.schema_json
-        retiring = self._retiring(snap, layout)
-        if layout.replaces is not None and not (
-            opts.mode == "complete" or keeps_files_across_schema_change(snap)
-        ):
-            # delta-rs in upsert and append mode: the added columns first, in a version of
-            # their own, which records the schema it retires; the epoch's commit is made on it.
+        schema_json, retiring = layout.schema_json, self._retiring(snap, layout)
+        if self._columns_first(snap, layout):
             first = self._add_columns(snap, layout, staged, plan, retiring)
             if isinstance(first, Lost):
                 return first
-            try:
-                failpoints.hit("after_schema_commit")
-            except BaseException:
-                self.discard(staged, plan)  # the epoch's commit was not made: nothing references them
-                raise
             snap, schema_json, retiring = first, first.schema_json or schema_json, {}
         with ctx.phase("commit", f"{len(staged.adds)} file(s) in, {len(staged.removes)} out"):
             outcome = append(
@@ -525,7 +506,6 @@ class Epoch:
                     **holding.transactions(opts.name),
                     **retiring,
                 },
-                _after_call=self.state.after_commit_call,
             )
         if isinstance(outcome, Lost):
             self.discard(staged, plan)  # known not to have landed (I4)
@@ -533,10 +513,18 @@ class Epoch:
             self.state.landed = LandedCommit(snap.table_id, outcome.version, attempt_id, self.epoch)
         return outcome
 
+    def _columns_first(self, snap: Snapshot, layout: Layout) -> bool:
+        """Whether desired's added columns are committed in a version of their own before the
+        epoch's commit, which is then made on it: through delta-rs in upsert and append mode
+        (``commit.keeps_files_across_schema_change``)."""
+        return layout.replaces is not None and not (
+            self.opts.mode == "complete" or keeps_files_across_schema_change(snap)
+        )
+
     def _add_columns(
         self, snap: Snapshot, layout: Layout, staged: Staged, plan: Plan, retiring: dict[str, int]
     ) -> Snapshot | Lost:
-        """Commit desired's added columns alone (``delta.add_columns``) with the record of the
+        """Commit desired's added columns alone (``commit.add_columns``) with the record of the
         schema they retire (``retiring``), just before the epoch's commit: the snapshot of that
         version, or the lost race (the staged files, which nothing references yet, are
         discarded then, and on any error)."""
@@ -563,6 +551,11 @@ class Epoch:
         assert first.version is not None
         self.state.landed = LandedCommit(snap.table_id, first.version, attempt_id, self.epoch)
         log.info("%s: the table took desired's columns (%s) as version %d", self.where, change, first.version)
+        try:
+            failpoints.hit("after_schema_commit", self.where)
+        except BaseException:
+            self.discard(staged, plan)  # the epoch's commit was not made: nothing references them
+            raise
         return first
 
     def report(
@@ -590,8 +583,8 @@ class Epoch:
             files_added=len(staged.adds) + len(staged.updates) if staged else 0,
             files_removed=len(staged.removes) if staged else 0,
             bytes_written=staged.bytes_written if staged else 0,
-            files_read=self.ctx.files_read,
-            whole=self.ctx.whole and staged is not None,
+            files_read=self.mode.files_read,
+            whole=staged.replaces_all if staged else False,
             phases=dict(self.ctx.phases),
             attempts=attempts,
             seconds=time.monotonic() - self.started,
@@ -604,7 +597,7 @@ class Epoch:
     def discard(self, staged: Staged, plan: Plan) -> None:
         discard(staged, self.ctx.store, plan.index)
 
-    def _watch_stall(self, clock: Clocked) -> None:
+    def _watch_stall(self, clock: Standing) -> None:
         """Under a shared clock, an epoch behind or incomparable writes nothing; when that goes
         on while the committed time stands still, nobody advances the view (``clock.Stall``):
         a WARNING each epoch, and a note ``mvsink status`` shows."""
@@ -693,7 +686,7 @@ class Epoch:
     def _check_append_only(self, snap: Snapshot) -> None:
         """An append-only table (``delta.appendOnly``) takes no removes: complete and upsert
         mode, which retract rows, are refused before anything is staged."""
-        if self.opts.mode != "append" and snap.configuration.get("delta.appendOnly", "").lower() == "true":
+        if self.opts.mode != "append" and snap.properties.append_only:
             raise UnsupportedTableError(
                 f"the target is append-only (delta.appendOnly = true): {self.opts.mode} mode retracts "
                 "rows, which such a table refuses. Use mode 'append', or a table without the property.",
@@ -768,7 +761,7 @@ class Epoch:
             seconds=time.monotonic() - self.started,
             phases=self.ctx.phases,
             deletion_vectors=len(staged.updates),
-            whole=self.ctx.whole,
+            whole=staged.replaces_all,
             time=self.time,
             takeover=(lineage.owner or 0) + 1 if desc.takeover else None,
             identity=holding.identity,

@@ -34,13 +34,15 @@ from mvsink.config import RetryPolicy
 from mvsink.epoch.run import retrying
 from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
 from mvsink.table.catalog import locate
-from mvsink.table.delta import DataFile, Lost, Snapshot, append, load_snapshot
+from mvsink.table.commit import Lost, append
+from mvsink.table.delta import DataFile, Snapshot, load_snapshot
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex
+from mvsink.table.layout import Layout
 from mvsink.table.record import Keys, compact_metadata
 from mvsink.table.schema import check_cluster_by, target_struct
+from mvsink.table.staging import clustered
 from mvsink.table.storage import Store, Written
-from mvsink.table.write import Layout, clustered
 
 log = logging.getLogger(__name__)
 

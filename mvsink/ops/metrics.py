@@ -19,14 +19,17 @@ alike (``s3://`` and ``s3a://`` are two targets here).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from mvsink import failpoints
+from mvsink.config import RetryPolicy
+from mvsink.epoch.run import retrying
 from mvsink.errors import StorageError, Where
+from mvsink.table.commit import Lost, append_rows
+from mvsink.table.delta import delta_errors, open_existing
 from mvsink.table.log import history
 from mvsink.table.record import EpochCommit, metrics_app_id
 from mvsink.table.storage import Store
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_BACKFILL = 1000
 _ATTEMPTS = 5
+# A lost append reads again at once: replicas append after their own commits, already apart.
+_RETRY = RetryPolicy(max_attempts=_ATTEMPTS, initial_backoff_s=0.0, max_backoff_s=0.0)
 SCHEMA = pa.schema(
     [
         ("view", pa.string()),
@@ -57,6 +62,10 @@ SCHEMA = pa.schema(
 """The metrics table's columns; ``phases`` is a JSON object of seconds per step."""
 
 
+class _GaveUp(Exception):
+    """The append lost the race ``_ATTEMPTS`` times (``retrying``'s exhaustion)."""
+
+
 def app_id(view: str, target: str) -> str:
     return metrics_app_id(view, table_root(target))
 
@@ -67,62 +76,64 @@ def record(
     target: str,
     storage_options: Mapping[str, str],
     upto: int,
-    *,
-    _before_commit: Callable[[], None] | None = None,
 ) -> int:
     """Append the rows of view ``view``'s commits in ``target`` up to version ``upto`` that the
     metrics table does not hold yet; returns how many were appended.
 
     The append is committed against the very snapshot the range was read from (strict, no
-    delta-rs retry): a concurrent append of a replica makes it conflict and start over,
-    never land on top with the same rows."""
-    options = dict(storage_options) or None
+    delta-rs retry): a concurrent append of a replica makes it lose the race and start over
+    (``epoch/run.retrying``), never land on top with the same rows. The fail point
+    ``metrics_before_commit`` comes before each append's commit."""
+    options = dict(storage_options)
     app = app_id(view, target)
     where = Where(view, metrics_table)
-    for _ in range(_ATTEMPTS):
-        try:
-            table: DeltaTable | str
-            try:
-                table = DeltaTable(metrics_table, storage_options=options)
-                last = table.transaction_version(app)
-            except TableNotFoundError:
-                table, last = metrics_table, None  # created by the append: a second creator conflicts
+
+    def attempt(_: int) -> int | Lost:
+        table, rows = _missing(metrics_table, view, target, options, upto, app, where)
+        if rows is None:
+            return 0
+        failpoints.hit("metrics_before_commit", where)
+        lost = append_rows(table, rows, app_id=app, version=upto, storage_options=options, where=where)
+        return rows.num_rows if lost is None else lost
+
+    def gave_up(n: int) -> Exception:
+        return _GaveUp()
+
+    try:
+        return retrying(_RETRY, attempt, lost=lambda *_: None, exhausted=gave_up)
+    except _GaveUp:
+        log.warning(
+            "%s: metrics append lost the commit race %d times; the next epoch retries", where, _ATTEMPTS
+        )
+        return 0
+
+
+def _missing(
+    metrics_table: str,
+    view: str,
+    target: str,
+    options: Mapping[str, str],
+    upto: int,
+    app: str,
+    where: Where,
+) -> tuple[Any, pa.Table | None]:
+    """The metrics table (or its path, when there is none yet: the append creates it, and a
+    second creator loses) and the rows it lacks up to ``upto`` (None: it lacks none)."""
+    try:
+        with delta_errors(where, "read the view's commits for the metrics table", refused=StorageError):
+            table = open_existing(metrics_table, options)
+            last = None if table is None else table.transaction_version(app)
             if last is not None and last >= upto:
-                return 0
+                return table, None
             start = max(-1 if last is None else last, upto - MAX_BACKFILL)
-            commits = history(Store(table_root(target), options or {}), upto, upto - start)
+            commits = history(Store(table_root(target), options), upto, upto - start)
             parsed = (EpochCommit.parse(c) for c in commits)
             mine = [c for c in parsed if c is not None and c.view == view]
             rows = [_row(c, target) for c in mine if start < c.version <= upto]
             rows.sort(key=lambda r: r["version"])
-            rows_table = pa.Table.from_pylist(rows, schema=SCHEMA)
-        except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
-            raise StorageError(f"cannot read the view's commits for the metrics table: {exc}", where) from exc
-        try:
-            if _before_commit is not None:
-                _before_commit()
-            write_deltalake(
-                table,
-                rows_table,
-                # Creating the table: "error", so a replica that created it meanwhile is a
-                # conflict (read again), not a table to append the same rows to.
-                mode="append" if isinstance(table, DeltaTable) else "error",
-                storage_options=options,
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app, upto)], max_commit_retries=0
-                ),
-            )
-            return len(rows)
-        except CommitFailedError:
-            continue  # another append landed first: reload, append what is still missing
-        except DeltaError as exc:
-            if not isinstance(table, DeltaTable) and "exists" in str(exc).lower():
-                continue  # another writer created the table first: read it, append what is missing
-            raise StorageError(f"cannot append to the metrics table: {exc}", where) from exc
-        except OSError as exc:
-            raise StorageError(f"cannot append to the metrics table: {exc}", where) from exc
-    log.warning("%s: metrics append lost the commit race %d times; the next epoch retries", where, _ATTEMPTS)
-    return 0
+            return metrics_table if table is None else table, pa.Table.from_pylist(rows, schema=SCHEMA)
+    except (pa.ArrowException, ValueError) as exc:
+        raise StorageError(f"cannot read the view's commits for the metrics table: {exc}", where) from exc
 
 
 def _row(commit: EpochCommit, target: str) -> dict[str, Any]:

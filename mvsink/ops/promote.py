@@ -14,7 +14,8 @@ from mvsink.config import SinkOptions
 from mvsink.epoch.lineage import Writers
 from mvsink.errors import ConfigError, Where
 from mvsink.table.catalog import locate
-from mvsink.table.delta import Snapshot, compare_and_append, load_snapshot, read_frontier
+from mvsink.table.commit import compare_and_append
+from mvsink.table.delta import Snapshot, load_snapshot, read_frontier
 from mvsink.table.record import app_id, promote_metadata
 from mvsink.table.storage import Store
 

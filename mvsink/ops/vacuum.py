@@ -47,19 +47,18 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
 from mvsink.errors import ConfigError, EngineRefused, StorageError, Where, first_line
 from mvsink.table.catalog import locate
-from mvsink.table.delta import _US_PER_HOUR, RETENTION, Snapshot, load_snapshot, table_retention_us
+from mvsink.table.delta import Snapshot, delta_errors, load_snapshot, open_table
 from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
+from mvsink.table.layout import Layout
 from mvsink.table.log import log_actions
+from mvsink.table.properties import _US_PER_HOUR, RETENTION, table_retention_us
 from mvsink.table.record import PREFIX
 from mvsink.table.schema import target_struct
 from mvsink.table.storage import Store
 from mvsink.table.uris import is_local
-from mvsink.table.write import Layout
 
 log = logging.getLogger(__name__)
 
@@ -110,25 +109,26 @@ def vacuum(
     if not snap.exists:
         raise ConfigError("there is no Delta table to vacuum", where)
     store = Store(snap.root, options)
-    table = DeltaTable(snap.root, storage_options=options or None)
+    table = open_table(snap.root, options)
     hours = _retention_hours(retention_hours, table.metadata().configuration, where)
     listed = _listing(store, where)
     empty = _empty_folders(store, hours)  # before a data vacuum (Delta's removes empty folders)
     try:
-        _refuse_nested_tables(listed, where)
-        if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
-            found = snap._jvm.vacuum(snap.root, dry_run=True)
-            sizes = store.sizes(found)
-            # Its dry run also lists folders, which it deletes only if empty: not data files.
-            found = [p for p in found if p in sizes]
-            if apply:
-                snap._jvm.vacuum(snap.root, dry_run=False)
-            data = found  # what the dry run listed: Delta's VACUUM reports no list
-        else:
-            found = table.vacuum(retention_hours=hours, dry_run=True, full=True)
-            sizes = store.sizes(found)
-            data = table.vacuum(retention_hours=hours, dry_run=False, full=True) if apply else found
-    except (DeltaError, EngineRefused) as exc:
+        with delta_errors(where, "vacuum", refused=ConfigError):
+            _refuse_nested_tables(listed, where)
+            if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
+                found = snap._jvm.vacuum(snap.root, dry_run=True)
+                sizes = store.sizes(found)
+                # Its dry run also lists folders, which it deletes only if empty: not data files.
+                found = [p for p in found if p in sizes]
+                if apply:
+                    snap._jvm.vacuum(snap.root, dry_run=False)
+                data = found  # what the dry run listed: Delta's VACUUM reports no list
+            else:
+                found = table.vacuum(retention_hours=hours, dry_run=True, full=True)
+                sizes = store.sizes(found)
+                data = table.vacuum(retention_hours=hours, dry_run=False, full=True) if apply else found
+    except EngineRefused as exc:
         raise ConfigError(f"vacuum refused: {exc}", where) from None
     folders = _emptied_folders(listed, data, empty)
     if apply:
@@ -323,7 +323,7 @@ def _empty_folders(store: Store, hours: int) -> set[str]:
 
 
 _STAGING = "mvsink-"
-"""How the folders attempts and compactions stage their files in are named (``table/write.py``,
+"""How the folders attempts and compactions stage their files in are named (``table/staging.py``,
 ``ops/compact.py``)."""
 
 

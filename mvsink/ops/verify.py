@@ -45,10 +45,11 @@ from mvsink.table.catalog import locate
 from mvsink.table.delta import Snapshot, load_snapshot
 from mvsink.table.fingerprint import FP_A, FP_B
 from mvsink.table.index import StoredIndex
+from mvsink.table.layout import Layout
 from mvsink.table.record import app_id
 from mvsink.table.schema import check_fits, check_supported, stored_struct, target_struct
 from mvsink.table.storage import Store
-from mvsink.table.write import Layout, raise_task_errors
+from mvsink.table.tasks import raise_task_errors
 
 FORMAT = 1
 

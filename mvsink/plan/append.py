@@ -1,6 +1,6 @@
 """Append mode: each micro-batch holds rows to add, exactly once per epoch.
 
-Nothing is read or compared: Spark tasks write the batch as is (``write.write_frame``), and
+Nothing is read or compared: Spark tasks write the batch as is (``tasks.write_frame``), and
 the commit's frontier makes a replayed epoch write nothing. When the target has rules (NOT
 NULL, CHECK), the batch is cached first, so the rows checked are the rows written; the write
 tasks check the rows they write again (``rules.checked``), should Spark compute a lost cache
@@ -18,7 +18,8 @@ from mvsink.plan.context import EpochContext
 from mvsink.plan.rules import checked, rules_for
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import quote
-from mvsink.table.write import Layout, Plan, Staged
+from mvsink.table.layout import Layout
+from mvsink.table.plan import Plan, Staged
 
 
 class Append:

@@ -50,8 +50,10 @@ from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprin
 from mvsink.plan.rules import RULE, Rules, checked, raise_broken, rules_for
 from mvsink.table.delta import Snapshot, keeps_files_across_schema_change
 from mvsink.table.fingerprint import FP_A, FP_B, I64, Fingerprints, quote, spark_lanes
-from mvsink.table.index import PersistedIndex, StoredIndex
-from mvsink.table.write import Layout, Plan, Rewrite, Staged, raise_task_errors
+from mvsink.table.index import DriverIndex, StoredIndex
+from mvsink.table.layout import Layout
+from mvsink.table.plan import Plan, Rewrite, Staged
+from mvsink.table.tasks import raise_task_errors
 
 log = logging.getLogger(__name__)
 _N = "__mvsink_n"
@@ -72,7 +74,7 @@ bytes per row): below it, one Spark write job costs more than the driver's small
 class Complete:
     """Plans complete-mode attempts of one epoch, keeping the sink's index current."""
 
-    def __init__(self, ctx: EpochContext, index: PersistedIndex) -> None:
+    def __init__(self, ctx: EpochContext, index: DriverIndex) -> None:
         self.ctx = ctx
         self.index = index
         self.stored: StoredIndex | None = None
@@ -89,13 +91,12 @@ class Complete:
         # The frames cached by the current attempt (distributed path).
         self.attempt: list[SparkCorrection | DataFrame] = []
         # Whether a driver diff's correction committed: the index packs the new version's
-        # entries at close, once desired's fingerprints are gone (``PersistedIndex.pack``).
+        # entries at close, once desired's fingerprints are gone (``DriverIndex.pack``).
         self.repack = False
 
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx = self.ctx
         self._release_attempt()
-        ctx.whole = False
         rules = rules_for(snap, ctx.opts, ctx.where)
         self.stored = StoredIndex.of(ctx.store, ctx.opts.name, layout.arrow)
         if not snap.files and self.hashed is None:
@@ -114,12 +115,21 @@ class Complete:
             # Before desired's fingerprints come: a restarted sink reads and packs every entry
             # while the driver holds nothing else of the view, so its peak is a steady
             # epoch's (measured at 10M rows: 64.7 bytes a view row when it came after them).
-            ctx.files_read += self.index.sync(self.stored, snap, layout.arrow, ctx.where)
+            synced = self.index.sync(self.stored, snap, layout.arrow, ctx.where)
             self.index.persisted(snap.files)
             give_back_memory()  # entries read into Arrow are packed into numpy now
         if not self._collect(layout, rules):
             self.index.clear()  # a view too big for the driver: the index is not held for it
-            return self._plan_distributed(snap, layout, rules)
+            plan = self._plan_distributed(snap, layout, rules)
+        else:
+            plan = self._plan_on_driver(snap, rules)
+        return replace(plan, files_read=plan.files_read + synced)
+
+    def _plan_on_driver(self, snap: Snapshot, rules: Rules) -> Plan:
+        """The correction of the index's entries (level with ``snap``) to desired's collected
+        fingerprints, by the numpy diff; the rows to insert fetched, or written by tasks. The
+        fingerprints' collect ran the batch (in this attempt or an earlier one)."""
+        ctx = self.ctx
         assert self.fps is not None
         persisted = self.index.persisted(snap.files)  # packed above: views, nothing copied
         with ctx.phase("diff"):
@@ -127,17 +137,18 @@ class Complete:
             del persisted
             give_back_memory()  # the diff's working arrays
             drops = corr.retracted_positions()
-        if self._whole_is_cheaper(snap, corr, drops):
-            return self._whole(snap, corr, drops, rules)
+        if self._replacing_is_cheaper(snap, corr, drops):
+            return self._replace_all(snap, corr, drops, rules)
         rewrites = self._rewrites(snap, drops)
+        plan = Plan(None, 0, rewrites, index=self.stored, files_read=_kept_files(rewrites), ran_batch=True)
         if not corr.inserted:
-            return Plan(None, 0, rewrites, index=self.stored)
+            return plan
         fetched = self._fetch(corr)
         if fetched is None:
             log.info("%s: %d rows to insert: written by Spark tasks", ctx.where, corr.inserted)
-            return Plan(self._inserts(corr), corr.inserted, rewrites, index=self.stored)
+            return replace(plan, inserts=self._inserts(corr), inserted=corr.inserted)
         rows, a, b = fetched
-        return Plan(rows, rows.num_rows, rewrites, insert_fps=(a, b), index=self.stored)
+        return replace(plan, inserts=rows, inserted=rows.num_rows, insert_fps=(a, b))
 
     def _hashed(self, layout: Layout) -> DataFrame:
         """Desired with its fingerprints for ``layout``, its rows evaluated once per epoch
@@ -186,7 +197,6 @@ class Complete:
         index of the new layout reads the table's files in it (an added column null in older
         files) and the correction writes what differs."""
         ctx = self.ctx
-        ctx.whole = True
         log.info(
             "%s: the view's schema changes in this epoch: desired is written whole, replacing "
             "the table's %d files",
@@ -197,7 +207,7 @@ class Complete:
         for f in snap.files:
             n = ctx.store.rows(f) if f.num_records is None else f.num_records
             rewrites.append(Rewrite(f, None, np.arange(n, dtype=np.int64), counted=n))
-        return replace(self._initial_load(layout, rules), rewrites=tuple(rewrites))
+        return replace(self._initial_load(layout, rules), rewrites=tuple(rewrites), replaces_all=True)
 
     def _plan_distributed(self, snap: Snapshot, layout: Layout, rules: Rules) -> Plan:
         ctx = self.ctx
@@ -214,12 +224,12 @@ class Complete:
         except Exception as exc:
             raise_task_errors(exc, ctx.where)
             raise
-        ctx.batch_ran = True  # the diff ran every partition of desired
         return Plan(
             checked(corr.inserts, rules) if corr.inserted else None,
             corr.inserted,
             corr.rewrites if corr.retracted else (),
             index=self.stored,
+            ran_batch=True,  # the diff ran every partition of desired
         )
 
     def _release_attempt(self) -> None:
@@ -243,7 +253,6 @@ class Complete:
             table = ctx.collect(hashed.select(FP_A, FP_B, *checks))
             if table is None:
                 return False
-            ctx.batch_ran = True
         if checks:
             broken = table.column(RULE).drop_null()
             if len(broken):
@@ -271,7 +280,7 @@ class Complete:
         layout = self.hashed[0]
         # The fingerprints' broadcast is bounded before it runs; the rows' collect is not (their
         # width is not known): it falls back when Spark refuses it.
-        keys = 0 if corr.inserts_all_desired else len(corr.whole_a) + len(corr.part_a)
+        keys = 0 if corr.inserts_all_desired else len(corr.new_a) + len(corr.part_a)
         if corr.inserted > DRIVER_INSERT_ROWS or not ctx.limit.fits(keys, long_row_bytes(1)):
             return None
         columns = [F.col(quote(c)) for c in layout.struct.names]
@@ -351,7 +360,7 @@ class Complete:
         columns = [F.col(quote(c)) for c in layout.struct.names]
         return rows.select(*columns, FP_A, FP_B).repartition(tasks)
 
-    def _whole_is_cheaper(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> bool:
+    def _replacing_is_cheaper(self, snap: Snapshot, corr: Correction, drops: dict[int, I64]) -> bool:
         """Whether writing desired whole moves fewer bytes than the correction: reading each
         file that keeps some rows and writing those back (unless a deletion vector drops them),
         plus the inserts. Sizes in bytes, rows converted at the table's bytes per row."""
@@ -359,8 +368,8 @@ class Complete:
             return False
         held = [len(self.index.entry(f.identity)) for f in snap.files]
         per_row = sum(f.size for f in snap.files) / max(1, sum(held))
-        whole = corr.desired_rows * per_row
-        if whole < WHOLE_MIN_BYTES:
+        desired = corr.desired_rows * per_row
+        if desired < WHOLE_MIN_BYTES:
             return False
         partial = [k for k, d in drops.items() if len(d) < held[k]]
         if snap.deletion_vectors:
@@ -369,15 +378,14 @@ class Complete:
             partial = []
         read = sum(snap.files[k].size for k in partial)
         kept = sum(held[k] - len(drops[k]) for k in partial)
-        return read + (kept + corr.inserted) * per_row > whole
+        return read + (kept + corr.inserted) * per_row > desired
 
-    def _whole(self, snap: Snapshot, corr: Correction, drops: dict[int, I64], rules: Rules) -> Plan:
+    def _replace_all(self, snap: Snapshot, corr: Correction, drops: dict[int, I64], rules: Rules) -> Plan:
         """Every file replaced by desired, written by Spark tasks from the cache. The rules were
         checked on the cache's rows when their fingerprints were collected; the tasks check
         the rows they write again (``rules.checked``): a recomputed cache block may differ."""
         ctx = self.ctx
         assert self.hashed is not None
-        ctx.whole = True
         log.info(
             "%s: writing desired whole (%d rows): cheaper than correcting %d of %d files",
             ctx.where,
@@ -389,7 +397,16 @@ class Complete:
         everything = {k: np.arange(n, dtype=np.int64) for k, n in enumerate(held)}
         tasks = max(1, -(-corr.desired_rows // ctx.opts.max_rows_per_file))
         desired = checked(self.hashed[1], rules).repartition(tasks)  # about a file's worth of rows per task
-        return Plan(desired, corr.desired_rows, self._rewrites(snap, everything), index=self.stored)
+        rewrites = self._rewrites(snap, everything)
+        return Plan(
+            desired,
+            corr.desired_rows,
+            rewrites,
+            index=self.stored,
+            files_read=_kept_files(rewrites),
+            replaces_all=True,
+            ran_batch=True,
+        )
 
     def _rewrites(self, snap: Snapshot, drops: dict[int, I64]) -> tuple[Rewrite, ...]:
         """Files holding retracted rows, with their index entries; staging reads them."""
@@ -397,7 +414,6 @@ class Complete:
         for k in sorted(drops):
             entry = self.index.entry(snap.files[k].identity)
             out.append(Rewrite(snap.files[k], None, drops[k], (entry.a, entry.b)))
-        self.ctx.files_read += sum(1 for r in out if len(r.drop) < (r.size or 0))
         return tuple(out)
 
     def committed(self, staged: Staged) -> None:
@@ -426,6 +442,11 @@ class Complete:
                 self.index.pack()
             except MemoryError:  # the epoch is committed: the next diff packs instead
                 log.warning("%s: no memory to pack the index after the commit", self.ctx.where)
+
+
+def _kept_files(rewrites: tuple[Rewrite, ...]) -> int:
+    """Rewritten files that keep some rows: staging reads them to write those back."""
+    return sum(1 for r in rewrites if len(r.drop) < (r.size or 0))
 
 
 def _copies(got: Fingerprints, corr: Correction) -> I64 | None:

@@ -184,19 +184,17 @@ class EpochContext:
     store: Store
     phases: dict[str, float] = field(default_factory=dict)
     batch_ran: bool = False
-    """Whether a Spark job has run every partition of the micro-batch this epoch."""
+    """Whether a Spark job has run every partition of the micro-batch this epoch (``drain``;
+    a plan says so of its planning: ``Plan.ran_batch``)."""
     checked_rules: Rules | None = None
-    """The target rules the batch's rows were last found to keep."""
-    files_read: int = 0
+    """The target rules the batch's rows were last found to keep (``enforce``)."""
     collected: bool = False
     """Rows of the batch (or their fingerprints) came to the driver: the epoch's end gives
     back the memory they took (``give_back_memory``)."""
     budget: DriverBudget = field(default_factory=DriverBudget)
     """Kept by the sink across epochs (``placement``)."""
     too_big: bool = False
-    """This epoch's batch proved too big to collect: it plans in Spark tasks."""
-    whole: bool = False
-    """The current attempt writes desired whole instead of correcting file by file."""
+    """This epoch's batch proved too big to collect (``collect``): it plans in Spark tasks."""
 
     @contextlib.contextmanager
     def phase(self, name: str, detail: str = "") -> Iterator[None]:

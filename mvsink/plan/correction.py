@@ -24,8 +24,8 @@ from mvsink.table.fingerprint import I64, Fingerprints
 class Correction:
     """What one epoch must write so that persisted becomes desired."""
 
-    whole_a: I64
-    whole_b: I64
+    new_a: I64
+    new_b: I64
     """Fingerprints absent from persisted: every desired copy is inserted."""
     part_a: I64
     part_b: I64
@@ -35,27 +35,27 @@ class Correction:
     retract_pos: I64
     """Persisted rows to remove, by file number (into the persisted file list) and position."""
     desired_rows: int
-    whole_n: I64
-    """Desired multiplicity of each ``whole`` fingerprint: that many copies are inserted."""
+    new_n: I64
+    """Desired multiplicity of each ``new`` fingerprint: that many copies are inserted."""
     insert_rows: I64
-    """The desired rows (indices into desired) to insert: every copy of a ``whole``
+    """The desired rows (indices into desired) to insert: every copy of a ``new``
     fingerprint, the first ``part_n`` copies of a ``part`` one."""
 
     def insert_keys(self) -> tuple[I64, I64, I64]:
-        """Every fingerprint inserted (``whole`` then ``part``) and how many copies of each."""
+        """Every fingerprint inserted (``new`` then ``part``) and how many copies of each."""
         return (
-            np.concatenate([self.whole_a, self.part_a]),
-            np.concatenate([self.whole_b, self.part_b]),
-            np.concatenate([self.whole_n, self.part_n]),
+            np.concatenate([self.new_a, self.part_a]),
+            np.concatenate([self.new_b, self.part_b]),
+            np.concatenate([self.new_n, self.part_n]),
         )
 
     @property
-    def whole_copies(self) -> int:
-        return int(self.whole_n.sum())
+    def new_copies(self) -> int:
+        return int(self.new_n.sum())
 
     @property
     def inserted(self) -> int:
-        return int(self.whole_copies + self.part_n.sum())
+        return int(self.new_copies + self.part_n.sum())
 
     @property
     def retracted(self) -> int:
@@ -125,15 +125,15 @@ def diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
         for k in range(1 << BUCKET_BITS)
     ]
     return Correction(
-        whole_a=np.concatenate([c.whole_a for c in parts]),
-        whole_b=np.concatenate([c.whole_b for c in parts]),
+        new_a=np.concatenate([c.new_a for c in parts]),
+        new_b=np.concatenate([c.new_b for c in parts]),
         part_a=np.concatenate([c.part_a for c in parts]),
         part_b=np.concatenate([c.part_b for c in parts]),
         part_n=np.concatenate([c.part_n for c in parts]),
         retract_file=np.concatenate([c.retract_file for c in parts]),
         retract_pos=np.concatenate([c.retract_pos for c in parts]),
         desired_rows=nd,
-        whole_n=np.concatenate([c.whole_n for c in parts]),
+        new_n=np.concatenate([c.new_n for c in parts]),
         insert_rows=np.sort(np.concatenate([c.insert_rows for c in parts])),
     )
 
@@ -255,17 +255,17 @@ def _diff(desired: Fingerprints, persisted: Fingerprints) -> Correction:
     d_rank = seen_d - 1 - d_before_run[run_id]
     take = is_d & (d_rank < (d_count - p_count)[run_id])
     insert_rows = np.sort(order[take]).astype(np.int64)
-    whole = (d_count > 0) & (p_count == 0)
+    new = (d_count > 0) & (p_count == 0)
     part = (p_count > 0) & (d_count > p_count)
     return Correction(
-        whole_a=ka[whole],
-        whole_b=kb[whole],
+        new_a=ka[new],
+        new_b=kb[new],
         part_a=ka[part],
         part_b=kb[part],
         part_n=(d_count - p_count)[part],
         retract_file=p_file[src_all].astype(np.int64),
         retract_pos=p_pos[src_all].astype(np.int64),
         desired_rows=nd,
-        whole_n=d_count[whole],
+        new_n=d_count[new],
         insert_rows=insert_rows,
     )

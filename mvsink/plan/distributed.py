@@ -22,7 +22,7 @@ Nothing row-sized passes through the driver. For a complete-mode epoch:
    then position: the driver path's rule, ``correction.py``) are retracted. Every copy of a
    fingerprint is in the same bucket, so the rule sees whole groups.
 5. Retractions are grouped per file and handed, with the file's description, to rewrite tasks
-   (``write.TaskRewrites``); inserts are written by write tasks. Both write the new files'
+   (``plan.TaskRewrites``); inserts are written by write tasks. Both write the new files'
    index entries; the driver receives each new file's add action only.
 
 Only the file list (the Delta log's, which the commit needs anyway), the changed buckets'
@@ -52,8 +52,10 @@ from mvsink.plan.context import ResultLimit, long_row_bytes
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote, spark_lanes
 from mvsink.table.index import FileEntry, StoredIndex
+from mvsink.table.layout import Layout
+from mvsink.table.plan import TaskRewrites
 from mvsink.table.storage import Store
-from mvsink.table.write import Layout, TaskRewrites, file_frame, in_task, task_files
+from mvsink.table.tasks import file_frame, in_task, task_files
 
 FILE_NO = "file_no"
 POS = "pos"
@@ -350,6 +352,29 @@ def correction(
         raise
 
 
+def _in_buckets(
+    spark: Any,
+    desired: DataFrame,
+    snap: Snapshot,
+    index: StoredIndex,
+    layout: Layout,
+    buckets: np.ndarray,
+    held: list[DataFrame],
+) -> tuple[DataFrame, DataFrame]:
+    """Desired's and persisted's rows in the changed ``buckets`` (all rows, when most buckets
+    changed); a persisted share it caches goes into ``held``."""
+    if buckets.mean() > 0.5:  # a filter that keeps most rows costs more than it saves
+        return desired, persisted_rows(spark, snap, index, layout)
+    # Kept for the epoch: a small share of the table, read twice (the counts, the retractions).
+    persisted = persisted_rows(spark, snap, index, layout, buckets).persist(StorageLevel.MEMORY_AND_DISK)
+    held.append(persisted)
+    numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
+    # Bounded: fewer numbers than the sketch's buckets, which ``sketch_bits`` fits.
+    keep = F.broadcast(from_arrow(spark, numbers, f"{_BUCKET} long"))
+    desired = desired.join(keep, _bucket(F.col(FP_A), _bits_of(buckets)) == keep[_BUCKET], "left_semi")
+    return desired, persisted
+
+
 def _exact(
     spark: Any,
     desired: DataFrame,
@@ -362,16 +387,7 @@ def _exact(
     limit: ResultLimit,
 ) -> SparkCorrection:
     """Step 4 over the rows of the changed ``buckets``; what it caches goes into ``held``."""
-    if buckets.mean() > 0.5:  # a filter that keeps most rows costs more than it saves
-        persisted = persisted_rows(spark, snap, index, layout)
-    else:
-        # Kept for the epoch: a small share of the table, read twice (the counts, the retractions).
-        persisted = persisted_rows(spark, snap, index, layout, buckets).persist(StorageLevel.MEMORY_AND_DISK)
-        held.append(persisted)
-        numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
-        # Bounded: fewer numbers than the sketch's buckets, which ``sketch_bits`` fits.
-        keep = F.broadcast(from_arrow(spark, numbers, f"{_BUCKET} long"))
-        desired = desired.join(keep, _bucket(F.col(FP_A), _bits_of(buckets)) == keep[_BUCKET], "left_semi")
+    desired, persisted = _in_buckets(spark, desired, snap, index, layout, buckets, held)
     fp = [FP_A, FP_B]
     one, zero = F.lit(1).cast("long"), F.lit(0).cast("long")
     counted = (

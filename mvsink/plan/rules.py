@@ -30,7 +30,7 @@ from mvsink.errors import InputError, UnsupportedTableError, Where
 from mvsink.table.delta import Snapshot
 from mvsink.table.fingerprint import quote
 from mvsink.table.schema import spark_sql
-from mvsink.table.write import RULE as RULE  # re-exported: the rule column is made here
+from mvsink.table.tasks import RULE as RULE  # re-exported: the rule column is made here
 
 if TYPE_CHECKING:
     from mvsink.config import SinkOptions
@@ -146,7 +146,7 @@ def check_rows(rows: DataFrame, rules: Rules, where: Where) -> None:
 
 
 def checked(rows: DataFrame, rules: Rules) -> DataFrame:
-    """``rows``, to be written by Spark tasks (``write.write_frame``), with the rule each
+    """``rows``, to be written by Spark tasks (``tasks.write_frame``), with the rule each
     breaks (``RULE``): the tasks refuse a row that breaks one, so what is written keeps the
     rules even when Spark evaluates desired again after it was checked (a cache block lost,
     a nondeterministic query). ``rows`` as they are without rules."""

@@ -2,7 +2,7 @@
 
 With both ``sequence_column`` and ``delete_column``, a late event never brings a deleted key
 back: an event for a key is compared with the newest of what the table holds for it, its
-stored rows and its tombstone (``upsert._decide``). A delete that takes effect leaves a
+stored rows and its tombstone (``upsert._decide_keys``). A delete that takes effect leaves a
 tombstone ``(key, sequence)``; an event newer than the tombstone (or as new) re-inserts the key
 and clears it; an older one is ignored.
 
@@ -14,7 +14,7 @@ A view's tombstones are a **set**: a folder in the table's hidden folder::
 
 The set that is current is named by the app transaction ``mvsink:<view>#tombstones`` =
 ``<number>`` (a random positive number; none or 0: no tombstones). An epoch that changes the
-set writes a new one with its attempt's files (``write.stage``: on the driver, or by Spark
+set writes a new one with its attempt's files (``staging.stage``: on the driver, or by Spark
 tasks on the distributed path, never collected) and names it in its own commit, so a delete
 and its tombstone land in one version or not at all, and every version names the set true at
 it. Readers of the view never see them. The set of an attempt that did not land is deleted
@@ -52,9 +52,10 @@ from mvsink.compat import from_arrow, map_in_arrow, to_arrow
 from mvsink.errors import ConfigError, InvariantViolation, Where
 from mvsink.table.delta import RETENTION, Snapshot, table_retention_us
 from mvsink.table.index import HIDDEN
+from mvsink.table.plan import SideFiles
 from mvsink.table.record import Keys
 from mvsink.table.storage import ParquetWriter, Store
-from mvsink.table.write import SideFiles, in_task
+from mvsink.table.tasks import in_task
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ def next_frame(
 
 @dataclass(frozen=True)
 class NewSet:
-    """A set an attempt writes (``write.stage``) and its commit names: its rows on the driver
+    """A set an attempt writes (``staging.stage``) and its commit names: its rows on the driver
     or in Spark."""
 
     number: int

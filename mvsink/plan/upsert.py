@@ -54,22 +54,14 @@ from mvsink.plan.distributed import with_fingerprints
 from mvsink.plan.prune import candidate_files, files_in_ranges
 from mvsink.plan.rules import RULE, Rules, broken_error, checked, rules_for
 from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
-from mvsink.table.delta import Snapshot
+from mvsink.table.delta import DataFile, Snapshot
 from mvsink.table.fingerprint import FP_A, FP_B, I64, fingerprints, quote
+from mvsink.table.layout import Layout
+from mvsink.table.plan import Plan, Rewrite, Staged, TaskRewrites
 from mvsink.table.record import now_ms
+from mvsink.table.staging import IO_THREADS
 from mvsink.table.storage import Store
-from mvsink.table.write import (
-    IO_THREADS,
-    Layout,
-    Plan,
-    Rewrite,
-    Staged,
-    TaskRewrites,
-    file_frame,
-    in_task,
-    raise_task_errors,
-    task_files,
-)
+from mvsink.table.tasks import file_frame, in_task, raise_task_errors, task_files
 
 FILE = "__mvsink_file"
 POS = "__mvsink_pos"
@@ -159,7 +151,7 @@ def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame
     )
 
 
-def stored_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
+def winning_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
     """The rows of a prepared batch that the target would hold: each key's winner, unless a
     delete."""
     return ranked.where((F.col(_RN) == 1) & ~F.col(DEL)).select(*[F.col(quote(c)) for c in schema.names])
@@ -251,71 +243,78 @@ class Upsert:
         with ctx.phase("prepare"):
             if self.ranked is None:
                 self.ranked = prepare(ctx.batch, schema, self.spec, ctx.where)
-            ctx.enforce(stored_rows(self.ranked, schema), rules)
+            ctx.enforce(winning_rows(self.ranked, schema), rules)
         self.made = None
         marks = self._marks(snap, layout)
         if not snap.files and self.touched is None and (marks is None or not marks.held):
-            # A first epoch (or one on an emptied target that remembers no delete): the
-            # winners, written by Spark tasks; the deletes among them, the first tombstones.
-            plan = Plan(checked(stored_rows(self.ranked, schema), rules), None)
-            if marks is None:
-                return plan
-            with ctx.phase("tombstones"):
-                deletes = self._winners().where(F.col(DEL)).select(*self._held())
-                if deletes.limit(1).count() == 0:
-                    return plan
-            return self._with_set(
-                plan, marks, tombstones.next_frame(None, deletes, None, self.spec.key, marks.now)
-            )
+            return self._first(layout, marks, rules)
         self._release_attempt()
         on_driver = marks is None or marks.held <= tombstones.DRIVER_TOMBSTONES
         if not on_driver or (self.touched is None and ctx.placement(snap) == "distributed"):
             return self._plan_distributed(snap, layout, marks, rules)
-        if self.touched is None:
-            with ctx.phase("collect"):
-                cols = [F.col(quote(c)) for c in schema.names]
-                table = ctx.collect(self._winners().select(*cols, F.col(DEL), rules.broken()))
-                if table is None:  # too big for the driver
-                    return self._plan_distributed(snap, layout, marks, rules)
-                ctx.batch_ran = True  # the touched keys were collected from the whole batch
-            _refuse_broken(table, ctx.where)  # the rows written are these, checked here
-            with ctx.phase("fingerprint"):
-                rows = table.select(schema.names).cast(layout.arrow)
-                a, b = fingerprints(rows)
-                self.touched = (
-                    rows.append_column(DEL, table.column(DEL))
-                    .append_column(FP_A, pa.array(a))
-                    .append_column(FP_B, pa.array(b))
-                )
-        touched = self.touched
+        if self.touched is None and not self._collect(layout, rules):  # too big for the driver
+            return self._plan_distributed(snap, layout, marks, rules)
+        return self._plan_on_driver(snap, layout, marks)
+
+    def _first(self, layout: Layout, marks: _Marks | None, rules: Rules) -> Plan:
+        """A first epoch (or one on an emptied target that remembers no delete): the winners,
+        written by Spark tasks; the deletes among them, the first tombstones."""
+        assert self.ranked is not None
+        plan = Plan(checked(winning_rows(self.ranked, layout.struct), rules), None)
+        if marks is None:
+            return plan
+        with self.ctx.phase("tombstones"):
+            deletes = self._winners().where(F.col(DEL)).select(*self._held())
+            if deletes.limit(1).count() == 0:
+                return plan
+        return self._with_set(
+            plan, marks, tombstones.next_frame(None, deletes, None, self.spec.key, marks.now)
+        )
+
+    def _collect(self, layout: Layout, rules: Rules) -> bool:
+        """Bring the touched keys' winners to the driver (``touched``), checked against the
+        rules and fingerprinted; False if they are too big to (``EpochContext.collect``)."""
+        ctx, schema = self.ctx, layout.struct
+        with ctx.phase("collect"):
+            cols = [F.col(quote(c)) for c in schema.names]
+            table = ctx.collect(self._winners().select(*cols, F.col(DEL), rules.broken()))
+            if table is None:
+                return False
+        _refuse_broken(table, ctx.where)  # the rows written are these, checked here
+        with ctx.phase("fingerprint"):
+            rows = table.select(schema.names).cast(layout.arrow)
+            a, b = fingerprints(rows)
+            self.touched = (
+                rows.append_column(DEL, table.column(DEL))
+                .append_column(FP_A, pa.array(a))
+                .append_column(FP_B, pa.array(b))
+            )
+        return True
+
+    def _plan_on_driver(self, snap: Snapshot, layout: Layout, marks: _Marks | None) -> Plan:
+        """The plan made on the driver from the collected ``touched`` keys (rule 2 and 3 of
+        the module doc): the files that may hold one read, each key decided
+        (``_decide_keys``)."""
+        ctx, touched = self.ctx, self.touched
+        assert touched is not None
         live = None
         if marks is not None:
             with ctx.phase("tombstones"):
-                live = marks.live(
-                    self.tombstones.load(
-                        snap, ctx.store, ctx.opts.name, ctx.opts.app_id, marks.schema, ctx.where
-                    )
+                held = self.tombstones.load(
+                    snap, ctx.store, ctx.opts.name, ctx.opts.app_id, marks.schema, ctx.where
                 )
+                live = marks.live(held)
         with ctx.phase("read"):
             files = [snap.files[i] for i in candidate_files(snap, touched, self.spec.key)]
             tables = self._read(files, layout, snap)
             stored = _stored(tables, touched, self.spec)
-        ctx.files_read += len(files)
         with ctx.phase("diff"):
-            insert, drop_file, drop_pos, changes = _decide(touched, stored, self.spec, live)
-        rewrites = []
-        if len(drop_file):
-            order = np.lexsort((drop_pos, drop_file))
-            drop_file, drop_pos = drop_file[order], drop_pos[order]
-            bounds = np.flatnonzero(np.diff(drop_file)) + 1
-            for numbers, positions in zip(
-                np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True
-            ):
-                k = int(numbers[0])
-                rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
+            insert, drop_file, drop_pos, changes = _decide_keys(touched, stored, self.spec, live)
         n = int(insert.sum())
-        inserts = touched.filter(pa.array(insert)).select(schema.names) if n else None
-        plan = Plan(inserts, n, tuple(rewrites))
+        inserts = touched.filter(pa.array(insert)).select(layout.struct.names) if n else None
+        rewrites = _rewrites(files, tables, drop_file, drop_pos)
+        # The touched keys were collected from the whole batch (in this attempt or an earlier one).
+        plan = Plan(inserts, n, rewrites, files_read=len(files), ran_batch=True)
         if marks is None or live is None or changes is None or (changes.empty and not marks.expired):
             return plan
         return self._with_set(plan, marks, tombstones.next_set(live, changes, self.spec.key, marks.now))
@@ -361,49 +360,18 @@ class Upsert:
     def _plan_distributed(self, snap: Snapshot, layout: Layout, marks: _Marks | None, rules: Rules) -> Plan:
         """The plan made by Spark (``distributed.py``): touched keys are never collected. The
         files that may hold one are read by tasks, their rows of touched keys joined with the
-        winners in Spark, and each key decided (``_decide``) in the task its rows hash to."""
+        winners in Spark, and each key decided (``_decide_keys``) in the task its rows hash to."""
         ctx, spec = self.ctx, self.spec
         assert self.ranked is not None
         spark = ctx.batch.sparkSession
-        keys = [F.col(quote(k)) for k in spec.key]
-        winners_raw = self.ranked.where(F.col(_RN) == 1)
-        with ctx.phase("prune"):
-            # At most KEY_RANGES rows per group of partition values: a collect that falls back to
-            # reading every file when the driver may not take it (ResultLimit.collect).
-            ranges = ctx.limit.collect(_key_ranges(winners_raw, snap, spec))
-            if ranges is None:
-                numbers = list(range(len(snap.files)))
-            else:
-                ctx.batch_ran = True
-                numbers = files_in_ranges(snap, ranges, spec.key)
-        ctx.files_read += len(numbers)
-        winners = with_fingerprints(winners_raw, layout, [StructField(DEL, BooleanType())])
-        held = [*spec.key, *([spec.sequence_column] if spec.sequence_column else [])]
-        held_fields = [layout.struct[c] for c in held]
-        reader = _KeyReader(ctx.store, layout.arrow, snap.partition_by, tuple(held))
-        stored = (
-            file_frame(spark, snap.files, numbers)
-            .mapInArrow(reader, StructType([*held_fields, *_ADDRESS.fields]))
-            .join(winners.select(*keys), list(spec.key), "left_semi")
-        )
-        both = winners.select(
-            "*",
-            F.lit(None).cast("long").alias(FILE),
-            F.lit(None).cast("long").alias(POS),
-            F.lit(0).alias(_SIDE),
-        ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
-        live = None
-        if marks is not None and marks.manifest is not None and marks.held:
-            # The view's tombstones, read by tasks; those of touched keys join the decision.
-            shape = tombstones.schema_of(layout.arrow, spec.key, str(spec.sequence_column))
-            struct = StructType([*held_fields, StructField(tombstones.DELETED_AT, LongType())])
-            live = tombstones.frame(spark, ctx.store, marks.manifest, shape, struct, marks.since)
-            marked = live.drop(tombstones.DELETED_AT).join(winners.select(*keys), list(spec.key), "left_semi")
-            both = both.unionByName(marked.withColumn(_SIDE, F.lit(2)), allowMissingColumns=True)
+        numbers, ran_batch = self._prune(snap)
+        winners = with_fingerprints(self._winners(), layout, [StructField(DEL, BooleanType())])
+        both, live = self._both_sides(snap, layout, marks, winners, numbers)
         # Nullable, whatever the table says: a retraction carries no row, only its address.
         fields = [StructField(f.name, f.dataType, True, f.metadata) for f in layout.struct.fields]
         out = StructType([*fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
+        keys = [F.col(quote(k)) for k in spec.key]
         decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
         decided = map_in_arrow(both.repartition(*keys).sortWithinPartitions(*keys), decider, out)
         decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
@@ -428,20 +396,62 @@ class Upsert:
             checked(inserts, rules).repartition(tasks) if inserted else None,
             inserted,
             TaskRewrites(drops, snap.files, retracted) if retracted else (),
+            files_read=len(numbers),
+            ran_batch=ran_batch,
         )
         if marks is None or (counts.get(2, 0) + counts.get(3, 0) == 0 and not marks.expired):
             return plan
         # The next set, in Spark: never on the driver; about PART_ROWS tombstones a part.
         changed = [decided.where(F.col(_KIND) == k) for k in (2, 3)]
         rows = tombstones.next_frame(
-            live,
-            changed[0].select(*self._held()),
-            changed[1].select(*keys),
-            spec.key,
-            marks.now,
+            live, changed[0].select(*self._held()), changed[1].select(*keys), spec.key, marks.now
         )
         parts = -(-(marks.held + counts.get(2, 0)) // tombstones.PART_ROWS)
         return self._with_set(plan, marks, rows.coalesce(max(1, parts)))
+
+    def _prune(self, snap: Snapshot) -> tuple[list[int], bool]:
+        """The numbers of the files that may hold a touched key, and whether finding them ran
+        the whole batch. At most ``KEY_RANGES`` rows per group of partition values come to the
+        driver: a collect that falls back to every file when the driver may not take it
+        (``ResultLimit.collect``)."""
+        ctx = self.ctx
+        with ctx.phase("prune"):
+            ranges = ctx.limit.collect(_key_ranges(self._winners(), snap, self.spec))
+            if ranges is None:
+                return list(range(len(snap.files))), False
+            return files_in_ranges(snap, ranges, self.spec.key), True
+
+    def _both_sides(
+        self, snap: Snapshot, layout: Layout, marks: _Marks | None, winners: DataFrame, numbers: list[int]
+    ) -> tuple[DataFrame, DataFrame | None]:
+        """The rows each key is decided from, in one frame, by ``_SIDE``: the winners (0), the
+        stored rows of touched keys in the files at ``numbers`` (1, read by tasks), and the
+        touched keys' live tombstones (2); and the view's live tombstones (None: none)."""
+        ctx, spec = self.ctx, self.spec
+        spark = ctx.batch.sparkSession
+        keys = [F.col(quote(k)) for k in spec.key]
+        held = [*spec.key, *([spec.sequence_column] if spec.sequence_column else [])]
+        held_fields = [layout.struct[c] for c in held]
+        reader = _KeyReader(ctx.store, layout.arrow, snap.partition_by, tuple(held))
+        stored = (
+            file_frame(spark, snap.files, numbers)
+            .mapInArrow(reader, StructType([*held_fields, *_ADDRESS.fields]))
+            .join(winners.select(*keys), list(spec.key), "left_semi")
+        )
+        both = winners.select(
+            "*",
+            F.lit(None).cast("long").alias(FILE),
+            F.lit(None).cast("long").alias(POS),
+            F.lit(0).alias(_SIDE),
+        ).unionByName(stored.withColumn(_SIDE, F.lit(1)), allowMissingColumns=True)
+        if marks is None or marks.manifest is None or not marks.held:
+            return both, None
+        # The view's tombstones, read by tasks; those of touched keys join the decision.
+        shape = tombstones.schema_of(layout.arrow, spec.key, str(spec.sequence_column))
+        struct = StructType([*held_fields, StructField(tombstones.DELETED_AT, LongType())])
+        live = tombstones.frame(spark, ctx.store, marks.manifest, shape, struct, marks.since)
+        marked = live.drop(tombstones.DELETED_AT).join(winners.select(*keys), list(spec.key), "left_semi")
+        return both.unionByName(marked.withColumn(_SIDE, F.lit(2)), allowMissingColumns=True), live
 
     def _release_attempt(self) -> None:
         release(*self.attempt)
@@ -475,6 +485,23 @@ def _refuse_broken(winners: pa.Table, where: Where) -> None:
         raise broken_error(rule, rows.slice(0, 3).drop_columns([RULE, DEL]).to_pylist(), where)
 
 
+def _rewrites(
+    files: list[DataFile], tables: list[pa.Table], drop_file: I64, drop_pos: I64
+) -> tuple[Rewrite, ...]:
+    """The read files (``tables``: their rows) holding rows to drop, at (file number,
+    position) pairs, each with its positions sorted."""
+    if not len(drop_file):
+        return ()
+    order = np.lexsort((drop_pos, drop_file))
+    drop_file, drop_pos = drop_file[order], drop_pos[order]
+    bounds = np.flatnonzero(np.diff(drop_file)) + 1
+    rewrites = []
+    for numbers, positions in zip(np.split(drop_file, bounds), np.split(drop_pos, bounds), strict=True):
+        k = int(numbers[0])
+        rewrites.append(Rewrite(files[k], tables[k], positions.astype(np.int64)))
+    return tuple(rewrites)
+
+
 def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.Table | None:
     """The rows of the read files whose key was touched: key, sequence, address, fingerprint."""
     keys = touched.select(list(spec.key))
@@ -500,81 +527,131 @@ def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.T
     return pa.concat_tables(parts) if parts else None
 
 
-def _decide(
+def _decide_keys(
     touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec, tombs: pa.Table | None = None
 ) -> tuple[npt.NDArray[np.bool_], I64, I64, Changes | None]:
     """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, the
     stored rows to drop as (file number, position), and, given the touched keys' tombstones
     (``tombstones.py``), what happens to them (None: the view keeps none)."""
     n = touched.num_rows
-    want_a = touched.column(FP_A).to_numpy().copy()
-    want_b = touched.column(FP_B).to_numpy().copy()
-    want = ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
-    from_batch = np.ones(n, dtype=bool)
+    wanted = _Wanted(
+        touched.column(FP_A).to_numpy().copy(),
+        touched.column(FP_B).to_numpy().copy(),
+        ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool),
+        np.ones(n, dtype=bool),
+    )
     z = np.zeros(0, dtype=np.int64)
-    # Tie each stored row to its touched key, then order rows by key, file and position: the
-    # earliest stored copy equal to the wanted row is the one kept.
+    # Tie each stored row to its touched key (``_TI``).
     index = touched.select(list(spec.key)).append_column(_TI, pa.array(np.arange(n, dtype=np.int64)))
-    rows = None
-    if stored is not None and stored.num_rows:
-        rows = stored.join(index, list(spec.key), join_type="inner")
-        rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
-    if rows is not None and rows.num_rows:
-        ti = rows.column(_TI).to_numpy()
-        sa, sb = rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy()
-        starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
-    else:
-        rows, ti, sa, sb, starts = None, z, z, z, z
+    held = _KeyRows.of(stored, index, spec.key)
     changes = None
     if spec.sequence_column:
-        # The newest of what the table holds for a key wins over an older (not an equal)
-        # event: its newest stored row stays, or its tombstone keeps it deleted (a tombstone
-        # wins a tie with a stored row). Rows with a null sequence are older than any.
-        seq = spec.sequence_column
-        newest_of = np.full(n, -1, dtype=np.int64)
-        if rows is not None:
-            by_seq = pc.sort_indices(
-                rows,
-                [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
-            ).to_numpy()
-            newest_of[ti[starts]] = by_seq[starts]
-            held = rows.column(seq).take(pa.array(newest_of, mask=newest_of < 0))
-        else:
-            held = pa.nulls(n, touched.schema.field(seq).type)
-        event = touched.column(seq)
-        tomb = _per_key(tombs, index, seq, event.type) if tombs is not None else pa.nulls(n, event.type)
-        stored_newer = _true(pc.greater(held, event))
-        tomb_newer = _true(pc.greater(tomb, event)) & ~_true(pc.greater(held, tomb))
-        k = np.flatnonzero(stored_newer & ~tomb_newer)
-        r = newest_of[k]
-        want_a[k], want_b[k], want[k], from_batch[k] = sa[r], sb[r], True, False
-        want[tomb_newer], from_batch[tomb_newer] = False, False
-        if tombs is not None:
-            deleted = from_batch & ~want  # the batch's delete is the newest event of its key
-            none = pa.scalar(None, event.type)
-            after = pc.if_else(pa.array(tomb_newer), tomb, pc.if_else(pa.array(deleted), event, none))
-            had, has = _true(pc.is_valid(tomb)), _true(pc.is_valid(after))
-            moved = has & ~(had & _true(pc.equal(after, tomb)))
-            keys = touched.select(list(spec.key))
-            changes = Changes(
-                keys.filter(pa.array(moved)).append_column(seq, after.filter(pa.array(moved))),
-                keys.filter(pa.array(had & ~has)),
-            )
-    if rows is None:
-        return want & from_batch, z, z, changes
-    match = want[ti] & (sa == want_a[ti]) & (sb == want_b[ti])
+        changes = _newest_wins(touched, held, index, tombs, spec, wanted)
+    if held is None:
+        return wanted.row & wanted.from_batch, z, z, changes
+    ti, starts = held.ti, held.starts
+    match = wanted.row[ti] & (held.a == wanted.a[ti]) & (held.b == wanted.b[ti])
     seen = np.cumsum(match)
     before_group = np.repeat(seen[starts] - match[starts], np.diff(np.append(starts, len(ti))))
     kept = match & (seen - before_group == 1)
     has_kept = np.zeros(n, dtype=bool)
     has_kept[ti[kept]] = True
-    insert = want & from_batch & ~has_kept
+    insert = wanted.row & wanted.from_batch & ~has_kept
     drop = pa.array(~kept)
     return (
         insert,
-        rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
-        rows.column(POS).filter(drop).to_numpy(),
+        held.rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
+        held.rows.column(POS).filter(drop).to_numpy(),
         changes,
+    )
+
+
+@dataclass
+class _Wanted:
+    """What each touched key should hold (``_decide_keys``), numpy arrays by touched row."""
+
+    a: I64
+    b: I64
+    """The fingerprint of the row the key should hold."""
+    row: npt.NDArray[np.bool_]
+    """Whether the key should hold a row at all (not deleted)."""
+    from_batch: npt.NDArray[np.bool_]
+    """Whether that row is the batch's (else a stored one, or nothing, stays)."""
+
+
+@dataclass(frozen=True)
+class _KeyRows:
+    """The stored rows of touched keys, ordered by key, file and position, so the earliest
+    stored copy equal to the wanted row is the one kept."""
+
+    rows: pa.Table
+    ti: I64
+    """Each row's touched key (row of ``touched``)."""
+    a: I64
+    b: I64
+    """Each row's fingerprint."""
+    starts: I64
+    """Where each key's rows begin."""
+
+    @staticmethod
+    def of(stored: pa.Table | None, index: pa.Table, key: Sequence[str]) -> _KeyRows | None:
+        if stored is None or not stored.num_rows:
+            return None
+        rows = stored.join(index, list(key), join_type="inner")
+        if not rows.num_rows:
+            return None
+        rows = rows.take(pc.sort_indices(rows, [(_TI, "ascending"), (FILE, "ascending"), (POS, "ascending")]))
+        ti = rows.column(_TI).to_numpy()
+        starts = np.flatnonzero(np.concatenate([[True], ti[1:] != ti[:-1]]))
+        return _KeyRows(rows, ti, rows.column(FP_A).to_numpy(), rows.column(FP_B).to_numpy(), starts)
+
+
+def _newest_wins(
+    touched: pa.Table,
+    held: _KeyRows | None,
+    index: pa.Table,
+    tombs: pa.Table | None,
+    spec: UpsertSpec,
+    wanted: _Wanted,
+) -> Changes | None:
+    """With a sequence column: the newest of what the table holds for a key wins over an
+    older (not an equal) event: its newest stored row stays, or its tombstone keeps it deleted
+    (a tombstone wins a tie with a stored row); rows with a null sequence are older than any.
+    Updates ``wanted``; returns the changes to the touched keys' tombstones (None: the view
+    keeps none)."""
+    assert spec.sequence_column is not None
+    seq, n = spec.sequence_column, touched.num_rows
+    newest_of = np.full(n, -1, dtype=np.int64)
+    if held is not None:
+        by_seq = pc.sort_indices(
+            held.rows,
+            [(_TI, "ascending"), (seq, "descending", "at_end"), (FILE, "ascending"), (POS, "ascending")],
+        ).to_numpy()
+        newest_of[held.ti[held.starts]] = by_seq[held.starts]
+        stored_seq = held.rows.column(seq).take(pa.array(newest_of, mask=newest_of < 0))
+    else:
+        stored_seq = pa.nulls(n, touched.schema.field(seq).type)
+    event = touched.column(seq)
+    tomb = _per_key(tombs, index, seq, event.type) if tombs is not None else pa.nulls(n, event.type)
+    stored_newer = _true(pc.greater(stored_seq, event))
+    tomb_newer = _true(pc.greater(tomb, event)) & ~_true(pc.greater(stored_seq, tomb))
+    k = np.flatnonzero(stored_newer & ~tomb_newer)
+    if len(k):
+        assert held is not None
+        r = newest_of[k]
+        wanted.a[k], wanted.b[k], wanted.row[k], wanted.from_batch[k] = held.a[r], held.b[r], True, False
+    wanted.row[tomb_newer], wanted.from_batch[tomb_newer] = False, False
+    if tombs is None:
+        return None
+    deleted = wanted.from_batch & ~wanted.row  # the batch's delete is the newest event of its key
+    none = pa.scalar(None, event.type)
+    after = pc.if_else(pa.array(tomb_newer), tomb, pc.if_else(pa.array(deleted), event, none))
+    had, has = _true(pc.is_valid(tomb)), _true(pc.is_valid(after))
+    moved = has & ~(had & _true(pc.equal(after, tomb)))
+    keys = touched.select(list(spec.key))
+    return Changes(
+        keys.filter(pa.array(moved)).append_column(seq, after.filter(pa.array(moved))),
+        keys.filter(pa.array(had & ~has)),
     )
 
 
@@ -649,7 +726,7 @@ class _KeyReader:
 @dataclass(frozen=True)
 class _Decider:
     """Runs in a Spark task over rows of both sides sorted by key, so each key's rows are
-    contiguous: decides them (rule 3 of the module doc, ``_decide``) a chunk of whole keys at
+    contiguous: decides them (rule 3 of the module doc, ``_decide_keys``) a chunk of whole keys at
     a time, and emits the rows to insert (kind 0) and the stored rows to drop (kind 1, by file
     number and position). A task holds about ``DECIDE_CHUNK_ROWS`` rows (or one key's rows,
     if more) however many its partition has."""
@@ -677,13 +754,13 @@ class _Decider:
             cut = _last_key_start(table, self.spec.key)
             if cut == 0:
                 continue  # one key's rows so far: they are decided together
-            yield from self._decide(table.slice(0, cut))
+            yield from self._decide_chunk(table.slice(0, cut))
             rest = table.slice(cut)
             pending, held = rest.to_batches(), rest.num_rows
         if pending:
-            yield from self._decide(pa.Table.from_batches(pending))
+            yield from self._decide_chunk(pa.Table.from_batches(pending))
 
-    def _decide(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+    def _decide_chunk(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
         """Decide ``table``: every row of each of its keys."""
         schema, spec = self.layout.arrow, self.spec
         side = table.column(_SIDE).to_numpy(zero_copy_only=False)
@@ -696,14 +773,14 @@ class _Decider:
             .append_column(FP_B, touched_rows.column(FP_B))
         )
         seq = [spec.sequence_column] if spec.sequence_column else []
-        stored_rows = table.filter(pa.array(side == 1))
+        stored_side = table.filter(pa.array(side == 1))
         stored = pa.table(
             {
-                **{c: stored_rows.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]},
-                POS: stored_rows.column(POS),
-                FILE: stored_rows.column(FILE),
-                FP_A: stored_rows.column(FP_A),
-                FP_B: stored_rows.column(FP_B),
+                **{c: stored_side.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]},
+                POS: stored_side.column(POS),
+                FILE: stored_side.column(FILE),
+                FP_A: stored_side.column(FP_A),
+                FP_B: stored_side.column(FP_B),
             }
         )
         tombs = None
@@ -711,7 +788,7 @@ class _Decider:
             marked = table.filter(pa.array(side == 2))
             tombs = pa.table({c: marked.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]})
         with in_task("deciding touched keys"):
-            insert, drop_file, drop_pos, changes = _decide(
+            insert, drop_file, drop_pos, changes = _decide_keys(
                 touched, stored if stored.num_rows else None, spec, tombs
             )
         out = pa.schema(

@@ -19,15 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from mvsink.table.fingerprint import I64
+from mvsink.table.fingerprint import Lanes
 
 Mask = npt.NDArray[np.bool_]
-Fingerprints = tuple[I64, I64]
 
 
-def exact_change(
-    added: Sequence[Fingerprints], removed: Sequence[Fingerprints]
-) -> tuple[list[Mask], list[Mask]]:
+def exact_change(added: Sequence[Lanes], removed: Sequence[Lanes]) -> tuple[list[Mask], list[Mask]]:
     """Per file, which rows carry the change: ``(masks of added files, masks of removed files)``.
 
     A row of an added file is selected (an insert, +1) for each time its value occurs more

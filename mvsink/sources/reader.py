@@ -96,8 +96,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 from pyspark.sql.types import LongType, StructField, StructType
 
 from mvsink.compat import PYTHON_DATA_SOURCES, SPARK_LINE
@@ -132,9 +130,18 @@ except ImportError:  # pragma: no cover - older Spark: every trigger reads all a
 from mvsink.errors import ConfigError, InputError, Where
 from mvsink.sources.changes import Mask, exact_change
 from mvsink.sources.options import MODES, NAME, REWRITE_ROWS_PER_TASK, SourceOptions, parse
-from mvsink.table.delta import DataFile, check_features, partition_string, table_retention_us
+from mvsink.table.delta import (
+    DataFile,
+    DeltaTable,
+    check_features,
+    delta_errors,
+    open_table,
+    partition_string,
+    table_retention_us,
+)
 from mvsink.table.fingerprint import I64, fingerprints
 from mvsink.table.log import commit_info, log_actions
+from mvsink.table.properties import COLUMN_MAPPING, DELETION_VECTORS, TableProperties
 from mvsink.table.schema import arrow_schema
 from mvsink.table.storage import Store, partition_array
 
@@ -227,12 +234,9 @@ class DeltaVersions(DataSource):
 
 def _open(store: Store, version: int | None = None) -> DeltaTable:
     """The table (as of ``version``; None: the latest), or an ``InputError`` saying why not."""
-    try:
-        return DeltaTable(store.root, version=version, storage_options=dict(store.options) or None)
-    except DeltaError as exc:
-        at = "" if version is None else f"version {version} of "
-        reason = (str(exc).splitlines() or [repr(exc)])[0]
-        raise InputError(f"cannot read {at}the Delta table at {store.root}: {reason}") from exc
+    doing = f"read {'' if version is None else f'version {version} of '}the Delta table at {store.root}"
+    with delta_errors(Where(target=store.root), doing, refused=InputError):
+        return open_table(store.root, store.options, version=version)
 
 
 def _schema_of(table: DeltaTable) -> StructType:
@@ -343,10 +347,11 @@ def _refused_features(action: Mapping[str, Any]) -> list[str]:
     features = {*(protocol.get("readerFeatures") or ()), *(protocol.get("writerFeatures") or ())}
     config = (action.get("metaData") or {}).get("configuration") or {}
     found = sorted(features & {"deletionVectors", "columnMapping"})
-    if str(config.get("delta.enableDeletionVectors", "false")).lower() == "true":
-        found.append("delta.enableDeletionVectors")
-    if str(config.get("delta.columnMapping.mode", "none")).lower() != "none":
-        found.append("delta.columnMapping.mode")
+    properties = TableProperties.parse(config)
+    if properties.deletion_vectors:
+        found.append(DELETION_VECTORS)
+    if properties.column_mapping != "none":
+        found.append(COLUMN_MAPPING)
     return found
 
 

@@ -49,6 +49,9 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapTyp
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+Lanes = tuple[I64, I64]
+"""Rows' fingerprints as their two lanes (``fingerprints``), without where the rows live
+(``Fingerprints``)."""
 
 FINGERPRINT_VERSION = 2
 """Bumped whenever a row's fingerprint changes: stored index entries of another version are

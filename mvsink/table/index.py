@@ -4,7 +4,7 @@ Delta data files are immutable and their paths unique, so an entry, once compute
 for as long as the file is in the table; the index never needs invalidating, only extending.
 An entry holds every row of its Parquet file, so a deletion vector never changes it: the rows
 the file's vector drops are dropped from the entry when it is used (``StoredIndex.get``), and
-on the driver ``PersistedIndex`` holds the result under ``DataFile.identity`` (the path and the
+on the driver ``DriverIndex`` holds the result under ``DataFile.identity`` (the path and the
 vector's id).
 
 The index lives in storage (``StoredIndex``), one small Parquet file per data file under the
@@ -21,7 +21,7 @@ swept (``StoredIndex.sweep``). The layout digest covers the table's Arrow schema
 fingerprint version, so a schema change starts a new index instead of misreading the old.
 Vacuum leaves ``_``-prefixed folders alone: the sink prunes them itself.
 
-On the driver (``PersistedIndex``) the entries of the snapshot's files are also held in memory,
+On the driver (``DriverIndex``) the entries of the snapshot's files are also held in memory,
 so a steady epoch reads nothing at all.
 """
 
@@ -202,7 +202,7 @@ def _held(store: Store, file: DataFile, entry: FileEntry) -> FileEntry:
     return FileEntry(entry.a[keep], entry.b[keep])
 
 
-class PersistedIndex:
+class DriverIndex:
     """The entries of the target's files held on the driver, keyed by their decoded path
     (``DataFile.identity``; the log lists paths percent-encoded, staged files are known by their
     raw path), backed by the ``StoredIndex``."""

@@ -6,7 +6,7 @@ on the snapshot an epoch planned on, with every file read (``readWholeTable``), 
 attempt only (``maxCommitAttempts = 0`` on a cloned session made active just around the
 commit, so the user's session is untouched). Any commit that landed since that snapshot, of
 any kind, makes it fail; the caller then decides from the log what happened
-(``delta.compare_and_append``).
+(``commit.py``).
 
 Actions are given as their Delta-log JSON (``Action.fromJson``): the JSON is the protocol and
 stable across releases, the Scala constructors are not. mvsink's commit metadata goes into the
@@ -18,7 +18,7 @@ A commit is only as exclusive as the log store Delta writes it with: ``check_sto
 Delta which one it resolves for the table's path and refuses one two writers could both "win"
 a version through. On local disk Delta's store checks, then renames (which replaces there):
 exclusive within one JVM only, so mvsink's commits to a local table take turns across
-processes (``commit_turn``), and ``delta.compare_and_append`` reads every commit back.
+processes (``commit_turn``), and ``commit.py`` reads every commit back.
 
 Everything here is a Delta internal reached through py4j: classic sessions only (Spark Connect
 has no py4j), on the Delta and Spark pairs it was tested with (``TESTED``, ``pair_problem``),
@@ -461,7 +461,7 @@ def commit_turn(root: str) -> Iterator[None]:
     makes the second see the version taken. It binds only writers that take the turn: a
     commit by another Delta writer (a Spark job's own write) can still race mvsink's, and on
     NFS the lock holds across machines only where the mount supports locks (``lockd`` or
-    NFSv4); ``delta.compare_and_append`` reads every commit back to catch what is left."""
+    NFSv4); ``commit.py`` reads every commit back to catch what is left."""
     import fcntl
 
     local = root.removeprefix("file://")

@@ -460,19 +460,7 @@ def check_evolution(
             "TBLPROPERTIES ('delta.feature.timestampNtz' = 'supported'))"
         )
     if mode != "complete":
-        if change.dropped or change.widened:
-            problems.append(
-                f"in {mode} mode a view's table only takes added columns "
-                f"({change.says()}); a dropped or widened column needs its rows rewritten, "
-                "which only complete mode does"
-            )
-        strict = [c for c in change.added if not desired[c].nullable]
-        if strict:
-            problems.append(
-                f"{', '.join(map(repr, strict))} is added non-nullable: in {mode} mode the rows "
-                "the epoch does not touch keep null in an added column; make it nullable in the "
-                "query (e.g. F.when(F.lit(True), column))"
-            )
+        problems += _beyond_added_columns(change, mode, desired)
     if problems:
         raise SchemaMismatchError(
             f"schema_changes is 'evolve', but this change ({change.says()}) is refused: "
@@ -481,6 +469,26 @@ def check_evolution(
             where,
             columns=tuple(sorted(touched)),
         )
+
+
+def _beyond_added_columns(change: SchemaChange, mode: str, desired: StructType) -> list[str]:
+    """What of ``change`` upsert and append mode (``mode``) refuse: anything but added
+    nullable columns, since the rows an epoch does not touch are never rewritten."""
+    problems = []
+    if change.dropped or change.widened:
+        problems.append(
+            f"in {mode} mode a view's table only takes added columns "
+            f"({change.says()}); a dropped or widened column needs its rows rewritten, "
+            "which only complete mode does"
+        )
+    strict = [c for c in change.added if not desired[c].nullable]
+    if strict:
+        problems.append(
+            f"{', '.join(map(repr, strict))} is added non-nullable: in {mode} mode the rows "
+            "the epoch does not touch keep null in an added column; make it nullable in the "
+            "query (e.g. F.when(F.lit(True), column))"
+        )
+    return problems
 
 
 def _show(t: Any) -> str:

@@ -41,7 +41,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from mvsink.errors import InputError, InvariantViolation, StorageError, Where, first_line
-from mvsink.table.delta import DataFile, NewFile, partition_string
+from mvsink.table.delta import DataFile, NewFile, partition_string, raw_storage_handler, storage_handler
 from mvsink.table.schema import field_id, is_mapped, physical_field, physical_name
 from mvsink.table.stats import footer_statistics, metadata_stats, nan_leaves
 from mvsink.table.uris import is_local
@@ -386,9 +386,7 @@ class Store:
 def _filesystem(root: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSystem:
     if is_local(root):
         return pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
-    from deltalake.fs import DeltaStorageHandler
-
-    return pafs.PyFileSystem(DeltaStorageHandler(root, dict(options)))
+    return pafs.PyFileSystem(storage_handler(root, dict(options)))
 
 
 DELETE_PROCESSES = 8
@@ -607,9 +605,7 @@ def wait_for_cleanup(timeout: float | None = CLEANUP_WAIT) -> bool:
 @functools.lru_cache(maxsize=16)
 def _handler(root: str, options: tuple[tuple[str, str], ...]) -> Any:
     """delta-rs's own file system handler for ``root`` (its raw output streams take bytes)."""
-    from deltalake._internal import DeltaFileSystemHandler
-
-    return DeltaFileSystemHandler(root, dict(options))
+    return raw_storage_handler(root, dict(options))
 
 
 def _by_name(names: Sequence[str], path: str) -> dict[str, str]:

@@ -94,6 +94,7 @@ class Replica:
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "MVSINK_FAILPOINTS": failpoints,
+            "MVSINK_FAILPOINTS_ENABLE": "1",  # the opt-in: the variable alone arms nothing
             "MVSINK_FAILPOINTS_SEED": str(self.seed * 100 + self.starts),
         }
         with open(self.root / "out.log", "ab") as out:

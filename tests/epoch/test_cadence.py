@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
+import sys
+from collections.abc import Callable
 
 import pytest
 from pyspark.sql import functions as F
 
 from mvsink import ConfigError, LineageError, MVSink, frontier
-from tests.helpers import assert_equal_to, commit_info, versions
-from tests.test_sink import people
-from tests.test_streaming import write_orders
+from mvsink.table import record
+from tests.helpers import assert_equal_to, commit_info, people, run_complete, versions, write_orders
 
 
 def test_a_quiet_epoch_commits_only_when_a_heartbeat_is_due(spark, local_target):
@@ -63,15 +63,7 @@ def test_a_streaming_view_stays_exact_across_a_restart_with_quiet_batches(spark,
         )
         view = orders.groupBy("product").agg(F.max("amount").alias("top"))
         sink = MVSink(local_target, "top", heartbeat="1h")
-        query = (
-            view.writeStream.outputMode("complete")
-            .foreachBatch(sink)
-            .option("checkpointLocation", ckpt)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(300)
-        assert query.exception() is None
+        run_complete(view, sink, ckpt)
         return [r.outcome for r in sink.reports]
 
     write_orders(source, "a", [("p1", 5), ("p2", 7)])
@@ -110,11 +102,27 @@ def test_refresh_every_epochs_advances_only_at_boundaries_across_a_restart(spark
     ]
 
 
-def test_refresh_every_duration_across_a_restart(spark, local_target):
+def stopped_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """mvsink's clock (``record.now_ms``, wherever a module took it) stopped at the real time
+    now, and moved on only by the milliseconds given, as if that long had passed."""
+    real = record.now_ms
+    start, ahead = real(), [0]
+
+    def now_ms() -> int:
+        return start + ahead[0]
+
+    for module in list(sys.modules.values()):
+        if module.__name__.startswith("mvsink") and getattr(module, "now_ms", None) is real:
+            monkeypatch.setattr(module, "now_ms", now_ms)
+    return lambda ms: ahead.__setitem__(0, ahead[0] + ms)
+
+
+def test_refresh_every_duration_across_a_restart(spark, local_target, monkeypatch):
+    advance = stopped_clock(monkeypatch)
     sink = MVSink(local_target, "d", refresh_every="2s")
     sink(people(spark, range(3)), 0)
     assert sink(people(spark, range(4)), 1).outcome == "between_refreshes"
-    time.sleep(2.2)
+    advance(2_200)
     again = MVSink(local_target, "d", refresh_every="2s")
     assert again(people(spark, range(5)), 2).outcome == "committed"
     assert_equal_to(local_target, people(spark, range(5)))

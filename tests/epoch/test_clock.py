@@ -20,7 +20,7 @@ from deltalake.exceptions import TableNotFoundError
 from mvsink import ConfigError, LineageError, MVSink, status
 from mvsink.compat import to_arrow
 from mvsink.table.storage import Store
-from tests.helpers import commit_info, multiset, target_table, versions
+from tests.helpers import commit_info, multiset, run_complete, target_table, versions
 
 SCHEMA = "id long, v string"
 
@@ -471,7 +471,8 @@ def old_clock_commit(rows, target: str, parts: dict[str, int]) -> None:
     import uuid
 
     from mvsink.errors import Where
-    from mvsink.table.delta import compare_and_append, load_snapshot
+    from mvsink.table.commit import compare_and_append
+    from mvsink.table.delta import load_snapshot
 
     MVSink(target, "v")(rows, 0)
     snap = load_snapshot(target, "mvsink:v", {}, Where())
@@ -537,15 +538,7 @@ def test_source_offsets_keep_a_query_on_the_file_source_exact_across_restarts(sp
         rows = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
         view = rows.groupBy("v").agg(F.count(F.lit(1)).alias("n"), F.sum("id").alias("total"))
         sink = MVSink(local_target, "files", clock="source_offsets", checkpoint=ckpt)
-        query = (
-            view.writeStream.outputMode("complete")
-            .foreachBatch(sink)
-            .option("checkpointLocation", ckpt)
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(300)
-        assert query.exception() is None
+        run_complete(view, sink, ckpt)
         return sink
 
     def expected() -> Counter:

@@ -1,5 +1,7 @@
-"""One decision per attempt (``epoch/decide.py``): a test per reason, each against the
-snapshot of a real Delta table that real epochs made."""
+"""One decision per attempt (``epoch/decide.py``): a test per condition, each against the
+snapshot of a real Delta table that real epochs made; then the pure function itself, over
+made-up snapshots, for what is hard to reach through a sink (the order of the conditions, the
+stall watch's standing, a time cadence at a given time, refusals as values)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from pyspark.sql import SparkSession
 
 from mvsink import LineageError, MVSink, promote
 from mvsink.config import SinkOptions
-from mvsink.epoch.clock import Time
-from mvsink.epoch.decide import Clocked, Commit, Decision, Skip, decide
-from mvsink.errors import Where
+from mvsink.epoch.clock import Standing, Start, Time, standing
+from mvsink.epoch.decide import Commit, Decision, Refuse, Skip, decide, unchanged
+from mvsink.errors import ConfigError, Where
+from mvsink.report import Reason
 from mvsink.table.delta import Snapshot, load_snapshot
+from mvsink.table.record import Keys, now_ms
 
 
 def rows(spark: SparkSession, n: int = 3) -> Any:
@@ -25,28 +29,48 @@ def snapshot(target: str, name: str = "v") -> Snapshot:
 
 
 def ask(
-    target: str,
+    target: str | Snapshot,
     epoch: int,
     *,
     lineage: str = "direct",
     time: dict[str, int] | None = None,
     read_only: bool = False,
-    start: dict[str, int] | None = None,
-    heard: list[Clocked] | None = None,
+    start: Start | dict[str, int] = None,
+    now: int | None = None,
     **options: Any,
 ) -> Decision:
-    opts = SinkOptions.build(target=target, name="v", **options)
+    """``decide`` as ``Epoch.decide`` asks it: the standing and the start computed first."""
+    snap = snapshot(target) if isinstance(target, str) else target
+    opts = SinkOptions.build(target=snap.root, name="v", **options)
+    clock = None if time is None else standing(Time.of(time), snap, opts.app_id)
     return decide(
-        snapshot(target),
+        snap,
         epoch,
         opts,
         lineage=lineage,
-        time=None if time is None else Time.of(time),
         read_only=read_only,
-        batch_start=lambda: None if start is None else Time.of(start),
-        where=Where("v", target, epoch),
-        on_clock=None if heard is None else heard.append,
+        clock=clock,
+        start=Time.of(start) if isinstance(start, dict) else start,
+        now=now_ms() if now is None else now,
+        where=Where("v", snap.root, epoch),
     )
+
+
+def skipped(decision: Decision) -> tuple[Reason, bool]:
+    """A skip's reason and whether the sink was entitled."""
+    assert isinstance(decision, Skip), decision
+    return decision.reason, decision.entitled
+
+
+def refused(decision: Decision, match: str) -> Refuse:
+    assert isinstance(decision, Refuse), decision
+    assert isinstance(decision.error, LineageError)
+    with pytest.raises(LineageError, match=match):
+        raise decision.error
+    return decision
+
+
+# -- through real tables ------------------------------------------------------------------
 
 
 def test_a_new_table_commits_even_with_nothing_to_change(local_target):
@@ -68,17 +92,13 @@ def test_an_epoch_the_lineage_already_committed_is_a_replay(spark, local_target)
 
 def test_under_a_shared_clock_a_time_not_ahead_is_a_replay(spark, local_target):
     MVSink(local_target, "v", clock=lambda batch, epoch: {"src": 10})(rows(spark), 0)
-    heard: list[Clocked] = []
-    for behind in ({"src": 9}, {"src": 10}):
-        assert ask(local_target, 7, time=behind, heard=heard) == Skip("replay")
-    ahead = ask(local_target, 1, time={"src": 11}, heard=heard)
+    for behind, verdict in (({"src": 9}, "behind"), ({"src": 10}, "same")):
+        decision = ask(local_target, 7, time=behind)
+        # The decision carries what the stall watch hears: the verdict, and against what.
+        assert decision == Skip("replay", stall=Standing(Time.of(behind), verdict, Time.of({"src": 10})))
+    ahead = ask(local_target, 1, time={"src": 11})
     assert isinstance(ahead, Commit) and ahead.desc.clocked
-    # The stall watch hears every verdict, and the committed time it was against.
-    assert [(c.verdict, c.committed) for c in heard] == [
-        ("behind", {"src": 10}),
-        ("same", {"src": 10}),
-        ("ahead", {"src": 10}),
-    ]
+    assert ahead.stall is not None and (ahead.stall.verdict, ahead.stall.committed) == ("ahead", {"src": 10})
 
 
 def test_a_superseded_lineage_is_fenced(spark, local_target):
@@ -112,18 +132,20 @@ def test_a_read_only_sink_skips_but_plans(spark, local_target):
 def test_under_a_shared_clock_a_standby_or_fenced_writer_behind_writes_nothing(spark, local_target):
     clock = {"clock": lambda batch, epoch: {"src": 10}}
     MVSink(local_target, "v", writer="a", **clock)(rows(spark), 0)
-    assert ask(local_target, 3, time={"src": 9}, writer="c", read_only=True) == Skip("replay", entitled=False)
+    standby = ask(local_target, 3, time={"src": 9}, writer="c", read_only=True)
+    assert skipped(standby) == ("replay", False)
     promote(local_target, "v", "c")
-    assert ask(local_target, 3, time={"src": 9}, writer="a") == Skip("fenced", entitled=False)
-    assert ask(local_target, 3, time={"src": 9}, writer="c", read_only=True) == Skip("replay")
+    fenced = ask(local_target, 3, time={"src": 9}, writer="a")
+    assert fenced == Skip("fenced", entitled=False)  # and the stall watch does not hear it
+    assert skipped(ask(local_target, 3, time={"src": 9}, writer="c", read_only=True)) == ("replay", True)
 
 
 def test_a_new_lineage_takes_the_view_over_and_always_commits(spark, local_target):
     MVSink(local_target, "v", lineage="first")(rows(spark), 4)
     decision = ask(local_target, 0, lineage="second")
     assert isinstance(decision, Commit) and decision.desc.takeover and decision.always
-    with pytest.raises(LineageError):  # refused where new lineages are not adopted
-        ask(local_target, 0, lineage="third", on_new_lineage="fail")
+    # Refused where new lineages are not adopted.
+    refused(ask(local_target, 0, lineage="third", on_new_lineage="fail"), "new lineage")
 
 
 def test_between_refreshes_nothing_is_written_and_a_due_refresh_always_commits(spark, local_target):
@@ -152,19 +174,112 @@ def test_upsert_and_append_always_commit_and_refuse_a_gap(spark, local_target):
     MVSink(local_target, "v", mode="upsert", key=["id"])(rows(spark), 0)
     next_one = ask(local_target, 1, mode="upsert", key=["id"], heartbeat="1h")
     assert isinstance(next_one, Commit) and next_one.always
-    with pytest.raises(LineageError, match=r"epochs 1\.\.2 were never committed"):
-        ask(local_target, 3, mode="upsert", key=["id"])
+    refused(ask(local_target, 3, mode="upsert", key=["id"]), r"epochs 1\.\.2 were never committed")
     allowed = ask(local_target, 3, mode="upsert", key=["id"], allow_gaps=True)
     assert isinstance(allowed, Commit) and allowed.desc.upper == 4
     # A new lineage taking an upsert view over past its first epoch misses its earlier rows.
-    with pytest.raises(LineageError, match="takes the view over at its epoch 2, not its first"):
-        ask(local_target, 2, mode="upsert", key=["id"], lineage="other", on_new_lineage="adopt")
+    taking = ask(local_target, 2, mode="upsert", key=["id"], lineage="other", on_new_lineage="adopt")
+    refused(taking, "takes the view over at its epoch 2, not its first")
 
 
 def test_under_a_shared_clock_a_batch_starting_past_the_committed_time_is_a_gap(spark, local_target):
     upsert = {"mode": "upsert", "key": ["id"], "clock": lambda batch, epoch: {"src": 10}}
     MVSink(local_target, "v", **upsert)(rows(spark), 0)
-    with pytest.raises(LineageError, match="past the committed source offsets"):
-        ask(local_target, 1, time={"src": 20}, start={"src": 15}, **upsert)
+    gap = refused(ask(local_target, 1, time={"src": 20}, start={"src": 15}, **upsert), "past the committed")
+    assert gap.stall is not None and gap.stall.verdict == "ahead"  # the stall watch hears it first
     joined = ask(local_target, 1, time={"src": 20}, start={"src": 10}, **upsert)
     assert isinstance(joined, Commit)
+
+
+# -- the pure function, over made-up snapshots ---------------------------------------------
+
+
+class _Log:
+    """The app transactions a made-up snapshot answers with."""
+
+    def __init__(self, txns: dict[str, int]) -> None:
+        self.txns = txns
+
+    def transaction_version(self, app_id: str) -> int | None:
+        return self.txns.get(app_id)
+
+
+KEYS = Keys("mvsink:v")
+
+
+def made_up(frontier: int | None = 1, **txns: int) -> Snapshot:
+    """A snapshot of view ``v`` at ``frontier``, owned by lineage ``direct`` (at that frontier)
+    unless ``txns`` say more (by ``Keys`` key)."""
+    owned = {KEYS.owner: 1, KEYS.generation("direct"): 1}
+    if frontier is not None:
+        owned[KEYS.lineage_frontier("direct")] = frontier
+    return Snapshot("/made-up", 0, frontier, "{}", (), (), _table=_Log({**owned, **txns}))
+
+
+def test_a_standbys_replay_is_a_replay_and_a_writer_not_promoted_is_fenced_even_so():
+    promoted = {KEYS.active: 2, KEYS.writer("b"): 2, KEYS.writer("a"): 1}
+    snap = made_up(3, **promoted)
+    assert skipped(ask(snap, 1, writer="b", read_only=True)) == ("replay", True)
+    assert skipped(ask(snap, 1, writer="c", read_only=True)) == ("fenced", False)
+    assert skipped(ask(snap, 5, writer="c", read_only=True)) == ("read_only", False)  # it still plans
+    assert skipped(ask(snap, 5, writer="a")) == ("fenced", False)
+    assert skipped(ask(snap, 1, writer="a")) == ("fenced", False)
+    assert skipped(ask(made_up(3), 1, read_only=True)) == ("replay", False)
+    assert skipped(ask(made_up(3), 1, read_only=True, as_of=2)) == ("before_as_of", False)
+
+
+def test_a_standing_is_heard_for_every_answer_but_a_writer_not_promoted():
+    behind = Standing(Time.of({"t": 1}), "behind", Time.of({"t": 2}))
+    opts = SinkOptions.build(target="/made-up", name="v", heartbeat=0)
+
+    def answer(snap: Snapshot, clock: Standing, **kw: Any) -> Decision:
+        where = Where("v", "/made-up", 4)
+        return decide(snap, 4, opts, lineage="x", clock=clock, start=None, now=0, where=where, **kw)
+
+    assert answer(made_up(), behind, read_only=False).stall == behind
+    assert answer(made_up(), behind, read_only=True).stall == behind
+    ahead = Standing(Time.of({"t": 3}), "ahead", Time.of({"t": 2}))
+    assert answer(made_up(), ahead, read_only=False).stall == ahead
+    not_promoted = made_up(**{KEYS.active: 2})
+    assert answer(not_promoted, ahead, read_only=False) == Skip("fenced", entitled=False)
+
+
+def test_a_time_cadence_is_due_by_the_time_given():
+    snap = made_up(1, **{KEYS.at: 10_000})
+    assert ask(snap, 1, refresh_every="2s", now=11_999) == Skip("between_refreshes")
+    due = ask(snap, 1, refresh_every="2s", now=12_000)
+    assert isinstance(due, Commit) and due.always
+    quiet = ask(snap, 1, heartbeat="2s", now=11_999)
+    assert isinstance(quiet, Commit) and not quiet.always
+
+
+def test_offsets_that_went_back_are_refused_and_an_unreadable_start_is_not_compared():
+    opts = {"clock": "source_offsets", "checkpoint": "/made-up-checkpoint"}
+    snap = made_up(None)
+    back = ask(snap, 3, time={"0.version": 5}, start={"0.version": 7}, **opts)
+    assert refused(back, r"went back between its batches \(0.version: 7 -> 5\)").stall is None
+    gone = ConfigError("offsets/2 is gone")
+    assert isinstance(ask(snap, 3, time={"0.version": 5}, start=gone, **opts), Commit)
+    assert isinstance(ask(snap, 0, time={"0.version": 5}, start={"0.version": 7}, **opts), Commit)
+
+
+def test_an_unreadable_start_fails_the_gap_check_with_its_error():
+    upsert = {"mode": "upsert", "key": ["id"], "clock": "source_offsets", "checkpoint": "/made-up"}
+    committed = {KEYS.clock("0.version"): 5, KEYS.clock("#parts"): 1}
+    gone = ConfigError("offsets/2 is gone")
+    decision = ask(made_up(1, **committed), 3, time={"0.version": 6}, start=gone, **upsert)
+    assert isinstance(decision, Refuse) and decision.error is gone and decision.stall is not None
+
+
+def test_an_epoch_is_unchanged_only_when_nothing_makes_it_land():
+    snap = made_up(1)
+    quiet = ask(snap, 1, heartbeat=5)
+    assert isinstance(quiet, Commit) and not quiet.always
+    assert unchanged(quiet, writes_files=False, changes_schema=False, takes_table=False)
+    for landing in ("writes_files", "changes_schema", "takes_table"):
+        said = {"writes_files": False, "changes_schema": False, "takes_table": False, landing: True}
+        assert not unchanged(quiet, **said)
+    beat = ask(snap, 1, heartbeat=0)
+    assert isinstance(beat, Commit) and not unchanged(
+        beat, writes_files=False, changes_schema=False, takes_table=False
+    )

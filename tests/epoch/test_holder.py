@@ -12,8 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from mvsink import IdentityChangedError, MVSink, TableHeldError, status
 from mvsink.table.log import commit_info
 from mvsink.table.record import HOLDER, Keys, holder_tag
-from tests.helpers import assert_equal_to, store, target_table, versions
-from tests.test_sink import people
+from tests.helpers import assert_equal_to, people, store, target_table, versions
 
 pytestmark = pytest.mark.usefixtures("engine")
 

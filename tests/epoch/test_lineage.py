@@ -6,34 +6,24 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from pyspark.sql import functions as F
 
 from mvsink import LineageError, MVSink, frontier
 from mvsink.compat import to_arrow
-from tests.helpers import assert_equal_to, commit_info, multiset, target_table, versions
-from tests.test_streaming import expected, write_orders
+from tests.helpers import (
+    assert_equal_to,
+    commit_info,
+    expected,
+    multiset,
+    run,
+    target_table,
+    versions,
+    write_orders,
+)
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
 
 SCHEMA = "product string, amount long"
-
-
-def run(spark, source, ckpt, sink, *, complete=True):
-    """One availableNow run of a query over ``source`` into ``sink``, a file per batch; returns
-    the query's exception, if any."""
-    orders = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).csv(source)
-    if complete:
-        view = orders.groupBy("product").agg(F.sum("amount").alias("revenue"), F.count(F.lit(1)).alias("n"))
-        writer = view.writeStream.outputMode("complete")
-    else:
-        writer = orders.writeStream.outputMode("append")
-    query = writer.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
-    try:
-        query.awaitTermination(300)
-    except Exception as exc:  # the query failed: what its sink raised is in the message
-        return exc
-    return query.exception()
 
 
 def test_a_new_checkpoint_takes_a_complete_view_over_and_fences_the_old_one(spark, tmp_path, local_target):

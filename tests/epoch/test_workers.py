@@ -22,7 +22,7 @@ from mvsink.epoch import workers
 from mvsink.errors import InvariantViolation
 from mvsink.table.index import FileEntry, StoredIndex
 from mvsink.table.storage import Store
-from tests.test_sink import people
+from tests.helpers import people
 
 
 def _wrapper(folder: Path, name: str, env: str, flags: str = "") -> str:

@@ -74,7 +74,7 @@ def test_a_table_moved_by_alter_table_is_followed_from_the_next_epoch(spark, tmp
 
 
 def test_a_query_looks_the_name_up_once_a_run_and_a_restart_follows_a_move(spark, tmp_path, caplog):
-    from tests.test_streaming import write_orders
+    from tests.helpers import write_orders
 
     old, new, source = str(tmp_path / "v1"), str(tmp_path / "v2"), str(tmp_path / "in")
     columns = "product string, amount long"

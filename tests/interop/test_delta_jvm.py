@@ -20,26 +20,24 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from mvsink import ConfigError, MVSink, UnsupportedTableError
+from mvsink import ConfigError, MVSink, UnsupportedTableError, failpoints
 from mvsink.compat import to_arrow
 from mvsink.table.storage import wait_for_cleanup
 from tests.delta_session import DELTA_VERSION
-from tests.helpers import added, data_files_on_disk, live_files, multiset, store, target_table, versions
+from tests.helpers import (
+    added,
+    data_files_on_disk,
+    feed_by_version,
+    live_files,
+    multiset,
+    store,
+    target_table,
+    versions,
+    view,
+    view_sql,
+)
 
 SCHEMA = "id long, name string, x double, day date, amount decimal(10,2), at timestamp"
-
-
-def view_sql(ids: range, tag: str = "") -> str:
-    return (
-        f"SELECT id, concat('n', id, '{tag}') AS name, id / 2 AS x, "
-        "date_add(DATE'2026-01-01', CAST(id % 3 AS INT)) AS day, CAST(id * 1.25 AS DECIMAL(10,2)) AS amount, "
-        "timestamp_micros(1767225600000000 + id) AS at "
-        f"FROM range({ids.start}, {ids.stop})"
-    )
-
-
-def view(spark: SparkSession, ids: range, tag: str = "") -> DataFrame:
-    return spark.sql(view_sql(ids, tag))
 
 
 def wide(spark: SparkSession, ids: range, tag: str = "") -> DataFrame:
@@ -174,8 +172,8 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
         assert spark_rows(spark, target) == wanted[report.version]
     assert (report.retracted, report.inserted) == (1, 3)  # the repair of Delta's DML
     assert sink(view(spark, range(0, 3)), 2).outcome == "replay"  # the frontier, as a txn
-    sink.state.before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
-    report = sink(view(spark, range(6, 25), tag="b"), 3)
+    with failpoints.armed({"before_commit": once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())}):
+        report = sink(view(spark, range(6, 25), tag="b"), 3)
     assert report.outcome == "committed" and report.attempts == 2
     wanted[report.version] = multiset(to_arrow(view(spark, range(6, 25), tag="b")), cols)
     for version, want in wanted.items():
@@ -193,8 +191,8 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     def lost_reply() -> None:
         raise OSError("the commit was written but the reply was lost")
 
-    sink.state.after_commit_call = once(lost_reply)
-    report = sink(view(spark, range(6, 27), tag="b"), 4)
+    with failpoints.armed({"after_commit_call": once(lost_reply)}, view="v"):
+        report = sink(view(spark, range(6, 27), tag="b"), 4)
     assert report.outcome == "committed" and report.attempts == 1
     assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(6, 27), tag="b")), cols)
     # Staged files of the attempt that lost to OPTIMIZE are gone; every referenced file is there.
@@ -224,8 +222,8 @@ def test_auto_keeps_such_a_table_through_the_sessions_delta(spark, tmp_path, ddl
     from mvsink import promote
 
     frontier = sink.frontier()
-    sink.state.before_commit = once(lambda: promote(target, "v", "green"))
-    assert sink(view(spark, range(9, 30), tag="b"), 6).outcome == "fenced"
+    with failpoints.armed({"before_commit": once(lambda: promote(target, "v", "green"))}, view="v"):
+        assert sink(view(spark, range(9, 30), tag="b"), 6).outcome == "fenced"
     assert sink.frontier() == frontier
 
 
@@ -305,8 +303,8 @@ def test_deltas_optimize_inside_an_epochs_commit_window_leaves_every_version_exa
     target = str(tmp_path / "view")
     sink = MVSink(target, "v", max_rows_per_file=4, heartbeat=0)
     sink(view(spark, range(0, 30)), 0)
-    sink.state.before_commit = once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())
-    report = sink(view(spark, range(2, 30), tag="b"), 1)
+    with failpoints.armed({"before_commit": once(lambda: spark.sql(f"OPTIMIZE delta.`{target}`").collect())}):
+        report = sink(view(spark, range(2, 30), tag="b"), 1)
     assert report.outcome == "committed" and report.attempts == 2
     sink(view(spark, range(4, 33), tag="c"), 2)
     for version in versions(target):
@@ -335,10 +333,9 @@ def test_deltas_vacuum_with_no_retention_inside_the_commit_window(spark, tmp_pat
         data = lambda: {p for p in store(target).files("") if not p.startswith("_")}  # noqa: E731
         before = data()
         frontier = sink.frontier()
-        sink.state.before_commit = once(
-            lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect()
-        )
-        with pytest.raises(InvariantViolation, match="staged file"):
+        vacuum = once(lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect())
+        armed = failpoints.armed({"before_commit": vacuum})
+        with armed, pytest.raises(InvariantViolation, match="staged file"):
             sink(view(spark, range(5, 31), tag="d"), 2)
         assert sink.frontier() == frontier  # nothing committed (the versions after are VACUUM's own)
         assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(2, 30), tag="b")), cols)
@@ -620,23 +617,6 @@ def test_the_operations_work_on_a_table_only_the_sessions_delta_writes(spark, tm
     history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").orderBy("version").collect()
     assert history[-1]["userMetadata"].startswith("mvsink compact view v")
     assert spark_rows(spark, target) == multiset(to_arrow(view(spark, range(3, 15))), cols)
-
-
-def feed_by_version(spark: SparkSession, target: str, cols: list[str]) -> dict[int, dict[str, Counter[Any]]]:
-    """Delta's Change Data Feed of ``target`` from version 0, as multisets of rows per version
-    and change type."""
-    feed = (
-        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(target)
-    )
-    out: dict[int, dict[str, Counter[Any]]] = {}
-    table = to_arrow(feed)
-    for version in set(table.column("_commit_version").to_pylist()):
-        part = table.filter(pc.equal(table.column("_commit_version"), version))
-        out[version] = {
-            kind: multiset(part.filter(pc.equal(part.column("_change_type"), kind)), cols)
-            for kind in ("delete", "insert", "update_preimage", "update_postimage")
-        }
-    return out
 
 
 @pytest.mark.parametrize("placement", ["driver", "distributed"])
@@ -997,10 +977,9 @@ def test_a_vector_keeps_the_files_exact_bounds_and_a_vacuumed_vector_is_never_co
     frontier = sink.frontier()
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     try:
-        sink.state.before_commit = once(
-            lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect()
-        )
-        with pytest.raises(Exception, match="missing or changed before the commit"):
+        vacuum = once(lambda: spark.sql(f"VACUUM delta.`{target}` RETAIN 0 HOURS").collect())
+        armed = failpoints.armed({"before_commit": vacuum})
+        with armed, pytest.raises(Exception, match="missing or changed before the commit"):
             sink(spark.sql(rows.format(4)), 2)  # id 4 goes: only a vector, no added file
     finally:
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")

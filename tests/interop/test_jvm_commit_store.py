@@ -26,12 +26,11 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from mvsink import MVSink, UnsupportedTableError
+from mvsink import MVSink, UnsupportedTableError, failpoints
 from mvsink.errors import EngineUnavailable
 from mvsink.table.jvm_delta import JvmDelta
 from tests.delta_session import delta_conf
-from tests.helpers import commit_info, store, versions
-from tests.interop.test_delta_jvm import view
+from tests.helpers import commit_info, store, versions, view
 
 STORES = "io.delta.storage."
 DYNAMODB = STORES + "S3DynamoDBLogStore"
@@ -191,7 +190,8 @@ sys.path.insert(0, os.getcwd())
 import mvsink.table.jvm_delta
 from mvsink.cli.session import local_session
 from mvsink.errors import CommitOutcomeUnknownError, ConflictError, Where
-from mvsink.table.delta import NewFile, compare_and_append, load_snapshot
+from mvsink.table.commit import compare_and_append
+from mvsink.table.delta import NewFile, load_snapshot
 from mvsink.table.storage import Store
 
 tables, sync, me, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -347,9 +347,8 @@ def sink_commits_inside_a_replacing_job(
             time.sleep(0.005)
         time.sleep(settle)
 
-    sink.state.before_commit = inside_the_jobs_commit
-    report = sink(view(spark, range(0, 12)), 1)
-    sink.state.before_commit = None
+    with failpoints.armed({"before_commit": inside_the_jobs_commit}):
+        report = sink(view(spark, range(0, 12)), 1)
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0, "\n".join(line for line in err.splitlines() if "Exception" in line)[-3000:]
     assert report.outcome == "committed" and report.version == 1

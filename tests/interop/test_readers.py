@@ -3,30 +3,12 @@ read returns what a full read filtered does, on every type, NaN included."""
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import Any
 
 import pytest
 
 from mvsink import MVSink
-from tests.test_readers import FILTERS, Filter, make_view
-
-
-def duckdb_keys(target: str, where: str) -> set[int]:
-    import duckdb
-    import duckdb_extension_delta
-
-    folder = os.path.dirname(duckdb_extension_delta.__file__)
-    (extension,) = glob.glob(os.path.join(folder, "extensions", "*", "delta.duckdb_extension"))
-    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
-    try:
-        con.execute(f"LOAD '{extension}'")
-        con.execute("SET TimeZone = 'UTC'")
-        rows = con.execute(f"SELECT k FROM delta_scan('{target}') WHERE {where}").fetchall()
-    finally:
-        con.close()
-    return {r[0] for r in rows}
+from tests.helpers import FILTERS, Filter, duckdb_keys, make_view
 
 
 def spark_keys(spark: Any, target: str, where: str) -> set[int]:

@@ -13,9 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import MVSink
 from mvsink.compat import to_arrow
-from tests.helpers import multiset, target_table
-from tests.interop.test_delta_jvm import feed_by_version
-from tests.interop.test_readers import duckdb_keys
+from tests.helpers import duckdb_keys, feed_by_version, multiset, target_table
 
 
 def queries(spark: SparkSession) -> list[DataFrame]:

@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 from deltalake import DeltaTable
 
-from mvsink import MVSink, frontier
+from mvsink import MVSink, failpoints, frontier
 from mvsink.cli.main import main
 from mvsink.errors import ConfigError, Where
 from mvsink.ops.compact import compact
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
 from mvsink.table.index import StoredIndex
+from mvsink.table.layout import Layout
 from mvsink.table.schema import target_struct
 from mvsink.table.storage import Store
-from mvsink.table.write import Layout
-from tests.helpers import assert_equal_to, commit_info, live_files, log_entry, once, versions
-from tests.test_sink import people
+from tests.helpers import assert_equal_to, commit_info, live_files, log_entry, once, people, versions
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
@@ -74,8 +73,8 @@ def test_a_compaction_landing_inside_an_epoch_makes_the_epoch_retry(spark, local
     sink = MVSink(local_target, "v", max_rows_per_file=100)
     grow(spark, sink, 4)
     # Epoch 4 retracts a row held by a small file that a compaction merges away meanwhile.
-    sink.state.before_commit = once(lambda: compact(local_target, "v", max_rows_per_file=100))
-    report = sink(people(spark, range(1, 20)), 4)
+    with failpoints.armed({"before_commit": once(lambda: compact(local_target, "v", max_rows_per_file=100))}):
+        report = sink(people(spark, range(1, 20)), 4)
     assert report.attempts == 2 and report.outcome == "committed"
     assert_equal_to(local_target, people(spark, range(1, 20)))
     entries_match_files(local_target, "v")

@@ -12,8 +12,7 @@ from deltalake import write_deltalake
 from mvsink import MVSink, status
 from mvsink.ops.compact import compact
 from mvsink.ops.status import describe_missing_table
-from tests.helpers import commit_info, put_parquet
-from tests.test_sink import people
+from tests.helpers import commit_info, people, put_parquet
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")

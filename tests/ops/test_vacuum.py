@@ -7,25 +7,26 @@ import glob
 import os
 import shutil
 import time
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from mvsink import MVSink
+from mvsink import MVSink, failpoints
 from mvsink.ops.compact import compact
 from mvsink.ops.vacuum import vacuum
 from tests.helpers import (
     assert_equal_to,
     data_files_on_disk,
     live_files,
+    people,
     put_parquet,
     removed,
     store,
     versions,
 )
-from tests.test_sink import people
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
@@ -54,8 +55,8 @@ def _staging_folders(target: str) -> dict[str, int]:
     }
 
 
-def _crash_before_commit(sink: MVSink, target: str, epoch: int, aside: str) -> None:
-    """Hook the sink so that its next attempt at ``epoch`` stages its files and then dies
+def _crash_before_commit(sink: MVSink, target: str, epoch: int, aside: str) -> Any:
+    """Arm (for the block) the sink's attempt at ``epoch`` to stage its files and then die
     before the commit, its staged folder left behind as a killed process leaves it (the
     in-process failure discards the files: a copy made just before is put back)."""
 
@@ -64,7 +65,7 @@ def _crash_before_commit(sink: MVSink, target: str, epoch: int, aside: str) -> N
         shutil.copytree(folder, os.path.join(aside, os.path.basename(folder)))
         raise RuntimeError("the driver died before the commit")
 
-    sink.state.before_commit = crash
+    return failpoints.armed({"before_commit": crash}, view=sink.options.name)
 
 
 def test_after_epochs_and_a_compaction_every_file_left_the_table_and_apply_removes_emptied_folders(
@@ -111,12 +112,10 @@ def test_a_crashed_attempts_staged_folder_is_reported_as_never_committed(
     sink = MVSink(local_target, "v", max_rows_per_file=5)
     sink(people(spark, range(10)), 0)
     aside = str(tmp_path / "aside")
-    _crash_before_commit(sink, local_target, 1, aside)
-    with pytest.raises(RuntimeError, match="driver died"):
+    with _crash_before_commit(sink, local_target, 1, aside), pytest.raises(RuntimeError, match="driver died"):
         sink(people(spark, range(12)), 1)
     (crashed,) = os.listdir(aside)
     shutil.copytree(os.path.join(aside, crashed), os.path.join(local_target, crashed))
-    sink.state.before_commit = None
     assert sink(people(spark, range(12)), 1).outcome == "committed"  # the retry, from a new folder
     staged = {p for p in data_files_on_disk(local_target) if p.startswith(f"{crashed}/")}
     assert staged and not staged & live_files(local_target)

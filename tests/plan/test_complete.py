@@ -14,10 +14,10 @@ from mvsink.plan.complete import Complete
 from mvsink.plan.context import EpochContext
 from mvsink.plan.correction import diff
 from mvsink.table.fingerprint import FP_A, FP_B, Fingerprints
-from mvsink.table.index import PersistedIndex
+from mvsink.table.index import DriverIndex
+from mvsink.table.layout import Layout
 from mvsink.table.storage import Store
-from mvsink.table.write import Layout
-from tests.plan.test_correction import persisted_of
+from tests.helpers import persisted_of
 
 
 def test_a_row_whose_first_lane_collides_with_a_wanted_one_is_never_fetched_for_it(spark, tmp_path):
@@ -30,7 +30,7 @@ def test_a_row_whose_first_lane_collides_with_a_wanted_one_is_never_fetched_for_
 
     target = str(tmp_path / "view")
     ctx = EpochContext(cached, SinkOptions(target=target, name="crafted"), Where("crafted"), Store(target))
-    complete = Complete(ctx, PersistedIndex())
+    complete = Complete(ctx, DriverIndex())
     layout = Layout("{}", StructType([StructField("x", LongType())]), ())
     complete.hashed, complete.cached, complete.lanes_cached = (layout, cached), cached, True
     complete.fps = desired

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mvsink.plan.correction import diff
 from mvsink.table.fingerprint import Fingerprints
+from tests.helpers import persisted_of
 
 # Few distinct values so that duplicates, and 64-bit halves shared by different rows, are common.
 fp = st.tuples(st.integers(-3, 3), st.integers(-2, 2))
@@ -20,16 +20,6 @@ def desired_of(keys: list[tuple[int, int]]) -> Fingerprints:
     a = np.array([k[0] for k in keys], dtype=np.int64)
     b = np.array([k[1] for k in keys], dtype=np.int64)
     return Fingerprints(a, b)
-
-
-def persisted_of(files: list[list[tuple[int, int]]]) -> Fingerprints:
-    flat = [(k, f, p) for f, rows in enumerate(files) for p, k in enumerate(rows)]
-    return Fingerprints(
-        a=np.array([k[0] for k, _, _ in flat], dtype=np.int64),
-        b=np.array([k[1] for k, _, _ in flat], dtype=np.int64),
-        file=np.array([f for _, f, _ in flat], dtype=np.int64),
-        pos=np.array([p for _, _, p in flat], dtype=np.int64),
-    )
 
 
 @settings(max_examples=400, deadline=None)
@@ -42,7 +32,7 @@ def test_applying_the_correction_yields_desired(desired: list, files: list) -> N
     )
     want = Counter(desired)
     inserted = Counter()
-    for a, b in zip(corr.whole_a, corr.whole_b, strict=True):
+    for a, b in zip(corr.new_a, corr.new_b, strict=True):
         inserted[(int(a), int(b))] += want[(int(a), int(b))]  # every desired copy
     for a, b, n in zip(corr.part_a, corr.part_b, corr.part_n, strict=True):
         inserted[(int(a), int(b))] += int(n)
@@ -123,8 +113,8 @@ def test_the_diff_by_buckets_and_by_file_starts_is_the_diff(desired: list, files
     assert {f: list(p) for f, p in bucketed.retracted_positions().items()} == {
         f: list(p) for f, p in whole.retracted_positions().items()
     }
-    assert Counter(zip(bucketed.whole_a, bucketed.whole_b, bucketed.whole_n, strict=True)) == Counter(
-        zip(whole.whole_a, whole.whole_b, whole.whole_n, strict=True)
+    assert Counter(zip(bucketed.new_a, bucketed.new_b, bucketed.new_n, strict=True)) == Counter(
+        zip(whole.new_a, whole.new_b, whole.new_n, strict=True)
     )
     assert Counter(zip(bucketed.part_a, bucketed.part_b, bucketed.part_n, strict=True)) == Counter(
         zip(whole.part_a, whole.part_b, whole.part_n, strict=True)
@@ -144,55 +134,6 @@ def test_a_bucket_is_the_top_bits_of_the_first_lane() -> None:
     lane[:4] = [-1, 0, -(2**63), 2**63 - 1]
     top = lane.view(np.uint64) >> np.uint64(64 - BUCKET_BITS)
     assert np.array_equal(_bucket(lane), top.astype(np.uint8))
-
-
-def test_the_index_packs_once_and_numbers_files_in_the_callers_order() -> None:
-    """``PersistedIndex`` packs its entries into one pair of arrays once; asked again over
-    the same files in another order, or after packing ahead (``pack``), it copies nothing,
-    and every row is located in its file by the caller's numbering."""
-    from mvsink.table.delta import DataFile
-    from mvsink.table.index import FileEntry, PersistedIndex
-
-    files = [DataFile(f"part-{k}.parquet", 10, n) for k, n in enumerate([3, 0, 2, 4])]
-    index = PersistedIndex()
-    for k, f in enumerate(files):
-        n = f.num_records or 0
-        index.put(f.identity, FileEntry(np.arange(n) + 100 * k, np.arange(n) - 100 * k))
-
-    def rows_by_file(fps: Fingerprints) -> dict[int, list[tuple[int, int, int]]]:
-        file, pos = fps.locate(np.arange(len(fps)))
-        out: dict[int, list[tuple[int, int, int]]] = {}
-        for r in range(len(fps)):
-            out.setdefault(int(file[r]), []).append((int(pos[r]), int(fps.a[r]), int(fps.b[r])))
-        return {f: sorted(v) for f, v in out.items()}
-
-    first = index.persisted(files)
-    shuffled = [files[2], files[0], files[3], files[1]]
-    again = index.persisted(shuffled)
-    assert again.a is first.a and again.b is first.b  # not packed again
-    expect = {
-        k: [(p, p + 100 * j, p - 100 * j) for p in range(files[j].num_records or 0)]
-        for k, j in ((0, 2), (1, 0), (2, 3))
-    }
-    assert rows_by_file(again) == expect
-    # A commit: file 0 leaves, a new file comes; packed ahead, the next epoch copies nothing.
-    index.forget([files[0].identity])
-    new = DataFile("part-9.parquet", 10, 2)
-    index.put(new.identity, FileEntry(np.array([7, 8]), np.array([-7, -8])))
-    index.pack()
-    packed = index.entry(new.identity).a.base
-    after = index.persisted([new, files[3], files[2], files[1]])
-    assert after.a is packed
-    assert rows_by_file(after) == {0: [(0, 7, -7), (1, 8, -8)], 1: expect[2], 2: expect[0]}
-    # An entry packed, forgotten and held again (other rows: not a real file's, but the index
-    # must not tell): the packing goes with it.
-    index.forget([new.identity])
-    index.put(new.identity, FileEntry(np.array([5]), np.array([-5])))
-    again = index.persisted([new, files[3], files[2], files[1]])
-    assert again.a is not packed
-    assert rows_by_file(again) == {0: [(0, 5, -5)], 1: expect[2], 2: expect[0]}
-    with pytest.raises(ValueError, match="twice"):
-        index.persisted([new, new])
 
 
 def test_a_big_diff_runs_by_buckets_and_gives_the_one_diff() -> None:

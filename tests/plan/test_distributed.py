@@ -27,9 +27,9 @@ from mvsink.plan.distributed import SKETCH_BITS, changed_buckets, correction, sk
 from mvsink.table.delta import load_snapshot
 from mvsink.table.fingerprint import fingerprints
 from mvsink.table.index import FRESH_SECONDS, HIDDEN, StoredIndex
+from mvsink.table.layout import Layout
 from mvsink.table.schema import arrow_schema, target_struct
 from mvsink.table.storage import wait_for_cleanup
-from mvsink.table.write import Layout
 from tests.helpers import assert_equal_to, live_files, target_table
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).

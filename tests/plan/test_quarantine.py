@@ -8,8 +8,7 @@ import shutil
 import pytest
 
 from mvsink import ConfigError, InputError, MVSink, frontier, promote
-from tests.helpers import assert_equal_to, multiset, target_table, versions
-from tests.test_sink import frame
+from tests.helpers import assert_equal_to, frame, multiset, target_table, versions
 
 RULES = {"not_null": ["name"], "checks": ["x >= 0"]}
 

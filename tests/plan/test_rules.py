@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink import InputError, MVSink, UnsupportedTableError
-from mvsink.table.write import Plan
+from mvsink.table.plan import Plan
 from tests.helpers import assert_equal_to, data_files_on_disk, multiset, target_table, versions
 
 SCHEMA = "id long, name string, amount double"

@@ -12,10 +12,20 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from mvsink import ConfigError, DuplicateKeyError, InputError, MVSink, frontier, status
-from mvsink.table.delta import foreign_append, foreign_delete
+from mvsink import ConfigError, DuplicateKeyError, InputError, MVSink, failpoints, frontier, status
 from mvsink.table.storage import Store
-from tests.helpers import added, exists, live_files, multiset, once, removed, target_table, versions
+from tests.helpers import (
+    added,
+    exists,
+    foreign_append,
+    foreign_delete,
+    live_files,
+    multiset,
+    once,
+    removed,
+    target_table,
+    versions,
+)
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
@@ -221,15 +231,16 @@ def test_upsert_replay_and_a_racing_replica(spark, target, placement):
     b = MVSink(target, "race", mode="upsert", key=["id"], retry={"initial_backoff_s": 0}, placement=placement)
     a(spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA), 0)
     batch = spark.createDataFrame([(2, "B", 2.0), (3, "C", 3.0)], SCHEMA)
-    a.state.before_commit = once(lambda: b(batch, 1))  # the twin commits epoch 1 first
-    report = a(batch, 1)
+    with failpoints.armed({"before_commit": once(lambda: b(batch, 1))}, view="race"):  # b first
+        report = a(batch, 1)
     assert report.outcome == "replay" and report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
     n = len(versions(target))
     assert a(batch, 1).outcome == "replay" and len(versions(target)) == n
     # A foreign commit in the window makes the upsert retry against the new snapshot.
-    a.state.before_commit = once(lambda: foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
-    report = a(spark.createDataFrame([(3, "C", 3.0)], SCHEMA), 2)
+    foreign = once(lambda: foreign_append(target, [{"id": 3, "name": "C", "amount": 3.0}]))
+    with failpoints.armed({"before_commit": foreign}, view="race"):
+        report = a(spark.createDataFrame([(3, "C", 3.0)], SCHEMA), 2)
     assert report.attempts == 2
     assert rows_of(target) == Counter([(1, "a", 1.0), (2, "B", 2.0), (3, "C", 3.0)])
     assert versions(target)
@@ -305,12 +316,10 @@ def test_a_delete_and_its_tombstone_land_together_or_not_at_all(spark, target):
     def crash(_snap: object) -> None:
         raise RuntimeError("the driver died before the commit")
 
-    sink.state.before_commit = crash
-    with pytest.raises(RuntimeError, match="driver died"):
+    with failpoints.armed({"before_commit": crash}), pytest.raises(RuntimeError, match="driver died"):
         sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
     assert versions(target) == before and rows_of(target) == Counter([(1, "a", 10)])
     assert tombstone_sets(target) == set()  # the attempt's tombstone set went with it
-    sink.state.before_commit = None
     sink(spark.createDataFrame([(1, None, 12, True)], TOMB), 1)
     assert rows_of(target) == Counter() and len(tombstone_sets(target)) == 1
     sink(spark.createDataFrame([(1, "late", 11, False)], TOMB), 2)
@@ -330,9 +339,9 @@ def test_a_racing_replica_replans_against_the_tombstones_that_landed(spark, targ
         now["t"] = 2
         assert a(spark.createDataFrame([(1, None, 12, True)], TOMB), 1).outcome == "committed"
 
-    b.state.before_commit = once(delete_first)
     now["t"] = 3
-    report = b(spark.createDataFrame([(1, "late", 11, False)], TOMB), 0)
+    with failpoints.armed({"before_commit": once(delete_first)}):
+        report = b(spark.createDataFrame([(1, "late", 11, False)], TOMB), 0)
     assert (report.outcome, report.attempts) == ("committed", 2)
     assert rows_of(target) == Counter()
 

@@ -14,7 +14,7 @@ import pytest
 from mvsink import ConfigError, MVSink
 from mvsink.errors import Where
 from mvsink.table.catalog import is_path
-from tests.test_sink import people
+from tests.helpers import people
 
 
 def test_what_is_a_path_and_what_is_a_name():
@@ -148,7 +148,7 @@ def test_under_connect_a_name_resolves_through_the_batchs_session(connect, tmp_p
 
 def test_compact_refuses_a_table_that_holds_no_commit_of_the_view(spark, tmp_path):
     from mvsink.ops.compact import compact
-    from mvsink.table.delta import foreign_append
+    from tests.helpers import foreign_append
 
     target = str(tmp_path / "view")
     MVSink(target, "revenue", max_rows_per_file=2)(people(spark, range(6)), 0)

@@ -18,9 +18,8 @@ from mvsink import MVSink, StorageError, frontier
 from mvsink.compat import to_arrow
 from mvsink.ops.compact import compact
 from mvsink.ops.vacuum import vacuum
-from tests.helpers import multiset
+from tests.helpers import multiset, people
 from tests.objectstores import Emulator
-from tests.test_sink import people
 
 
 def rows(target: str, options: dict[str, str], version: int | None = None) -> pa.Table:

@@ -21,9 +21,7 @@ from pyspark.sql import functions as F
 
 from mvsink import ConfigError, MVSink
 from mvsink.compat import PYTHON_DATA_SOURCES, to_arrow
-from mvsink.sources.changes import exact_change
 from mvsink.sources.reader import register
-from mvsink.table.fingerprint import fingerprints
 from tests.helpers import multiset, removed, target_table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
@@ -204,19 +202,6 @@ def test_the_change_feed_names_a_vacuumed_file_and_a_column_clash(spark, tmp_pat
     register(spark)
     with pytest.raises(Exception, match="change feed adds"):
         spark.readStream.format("mvsink-delta").option("path", clash).option("mode", "changes").load()
-
-
-def test_exact_change_cancels_equal_rows_as_multisets():
-    def fps(values: list[int]):
-        return fingerprints(pa.table({"x": pa.array(values, pa.int64())}))
-
-    # Added: x=1 three times, 2 once; removed: 1 once, 3 twice (in two files).
-    inserts, retracts = exact_change([fps([1, 2, 1]), fps([1])], [fps([3, 1]), fps([3])])
-    assert [m.tolist() for m in inserts] == [[True, True, True], [False]]  # 1 twice (first ones), 2
-    assert [m.tolist() for m in retracts] == [[True, False], [True]]  # 3 twice; 1 cancels
-    assert exact_change([], []) == ([], [])
-    same = fps([5, 5])
-    assert [m.tolist() for side in exact_change([same], [same]) for m in side] == [[False, False]] * 2
 
 
 @SPARK4

@@ -17,8 +17,7 @@ from mvsink.cli.job import JobConfig
 from mvsink.cli.main import main
 from mvsink.cli.runner import SHOWN_ROWS, run_job, show_table
 from mvsink.table import delta
-from tests.helpers import versions
-from tests.test_streaming import write_orders
+from tests.helpers import versions, write_orders
 
 SEEN = "seen_settings"
 QUERY = """
@@ -115,14 +114,6 @@ def test_mvsink_run_takes_the_launchers_settings_and_conf_over_the_job_file(tmp_
         "spark.sql.shuffle.partitions": "5",  # --conf, over spark-defaults.conf
         "spark.sql.caseSensitive": "false",  # PYSPARK_SUBMIT_ARGS, over the job file
     }
-
-
-def test_a_running_session_is_taken_as_it_is(spark, tmp_path):
-    from mvsink.cli.session import local_session
-
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    taken = local_session("again", conf={"spark.sql.shuffle.partitions": "7"})
-    assert taken.conf.get("spark.sql.shuffle.partitions") == before
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from mvsink import CommitOutcomeUnknownError, MVSink, frontier
+from mvsink import CommitOutcomeUnknownError, MVSink, failpoints, frontier
 from mvsink.table.log import commit_attempt, history
 from mvsink.table.storage import Store
 from tests.helpers import (
@@ -24,10 +24,10 @@ from tests.helpers import (
     live_files,
     log_entry,
     once,
+    people,
     target_table,
     versions,
 )
-from tests.test_sink import people
 
 # Runs on both engines (tests/conftest.py: each line runs the engine it has).
 pytestmark = pytest.mark.usefixtures("engine")
@@ -82,9 +82,9 @@ def test_a_commit_call_that_fails_after_landing_is_taken_as_committed(spark, tar
         # A lost reply (then "version exists" on the client's retry of its own put).
         raise error("the commit was written but the reply was lost")
 
-    sink.state.after_commit_call = once(fail)
     desired = people(spark, range(2, 9))
-    report = sink(desired, 1)
+    with failpoints.armed({"after_commit_call": once(fail)}, view="landed"):
+        report = sink(desired, 1)
     assert report.outcome == "committed" and report.attempts == 1
     assert report.version == versions(target)[-1]
     assert referenced_files_exist(target)
@@ -103,8 +103,8 @@ def test_a_landed_commit_is_ours_though_another_landed_after_it(spark, target):
         DeltaTable(target).delete("id = 8")  # another writer's commit on top of ours
         raise OSError("the commit was written but the reply was lost")
 
-    sink.state.after_commit_call = once(another_then_fail)
-    report = sink(people(spark, range(2, 9)), 1)
+    with failpoints.armed({"after_commit_call": once(another_then_fail)}, view="landed"):
+        report = sink(people(spark, range(2, 9)), 1)
     assert report.outcome == "committed" and report.attempts == 1
     assert report.version == versions(target)[-2] and referenced_files_exist(target)
 
@@ -154,8 +154,8 @@ def test_a_landed_commit_without_commit_info_keeps_its_files(spark, local_target
             f.writelines(kept)
         raise OSError("the commit was written but the reply was lost")
 
-    sink.state.after_commit_call = once(strip_then_fail)
-    with pytest.raises(CommitOutcomeUnknownError, match="records no commitInfo"):
+    armed = failpoints.armed({"after_commit_call": once(strip_then_fail)}, view="landed")
+    with armed, pytest.raises(CommitOutcomeUnknownError, match="records no commitInfo"):
         sink(people(spark, range(2, 9)), 1)
     assert referenced_files_exist(local_target)
     assert_equal_to(local_target, people(spark, range(2, 9)))
@@ -195,10 +195,10 @@ def test_when_the_log_cannot_tell_the_staged_files_are_kept(spark, local_target,
                 fh.write("not a directory")
         raise OSError("timeout after the commit request was sent")
 
-    sink.state.after_commit_call = once(storage_outage)
     desired = people(spark, range(3, 9))
     on_disk = data_files_on_disk(target)
-    with pytest.raises(CommitOutcomeUnknownError) as err:
+    armed = failpoints.armed({"after_commit_call": once(storage_outage)}, view="unknown")
+    with armed, pytest.raises(CommitOutcomeUnknownError) as err:
         sink(desired, 1)
     assert err.value.epoch == 1 and err.value.view == "unknown"
     assert "kept" in str(err.value)
@@ -219,8 +219,8 @@ def test_two_writers_creating_the_table_at_once_conflict_cleanly(spark, target):
     a = MVSink(target, "create", retry=RETRY_FAST)
     b = MVSink(target, "create", retry=RETRY_FAST)
     desired = people(spark, range(6))
-    a.state.before_commit = once(lambda: b(desired, 0))  # b creates the table first
-    report = a(desired, 0)
+    with failpoints.armed({"before_commit": once(lambda: b(desired, 0))}, view="create"):  # b first
+        report = a(desired, 0)
     assert report.outcome == "replay" and report.attempts == 2
     assert versions(target) == [0]
     assert_equal_to(target, desired)
