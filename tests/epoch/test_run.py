@@ -9,7 +9,7 @@ import pytest
 from mvsink.config import RetryPolicy
 from mvsink.epoch.run import retrying
 from mvsink.errors import ConflictError, RetriesExhaustedError, Where
-from mvsink.table.delta import Lost
+from mvsink.table.commit import Lost
 
 WHERE = Where("v", "/t", 3)
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.0, max_backoff_s=0.0)
