@@ -30,12 +30,14 @@ The points (``POINTS``) and what failing there proves:
 * ``after_schema_commit``: through delta-rs in upsert or append mode, the version adding
   desired's columns landed and the epoch's own commit was not made (a crash between them).
 * ``after_commit_call``: the commit call was made, its outcome unknown to the caller: the log
-  decides (``table/commit.py``).
+  decides (``table/commit.py``). Every strict commit of the view passes it: an epoch's, a
+  compaction's, a promotion's.
 * ``after_commit``: the commit landed and the sink did not record it; Spark runs the batch
   again and finds it reflected (a replay).
 * ``metrics_before_commit``: the metrics table's append, before its commit call
   (``ops/metrics.record``).
-* ``write_task``, ``rewrite_task``: inside Spark tasks that stage files.
+* ``write_task``, ``rewrite_task``: inside Spark tasks that stage files. Tasks do not know
+  their view: these points are armed for every view (``armed`` refuses a ``view`` for them).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ POINTS = (
     "write_task",
     "rewrite_task",
 )
+TASK_POINTS = frozenset({"write_task", "rewrite_task"})
+"""Points hit inside Spark tasks, without a view."""
 ENV = "MVSINK_FAILPOINTS"
 ENABLE = "MVSINK_FAILPOINTS_ENABLE"
 """Set to ``1`` to let ``MVSINK_FAILPOINTS`` arm points (a test harness's opt-in)."""
@@ -160,6 +164,8 @@ def armed(points: Mapping[str, Action], *, view: str | None = None) -> Iterator[
         _check_name(name)
         if not callable(action):
             _check(action, name)
+        if view is not None and name in TASK_POINTS:
+            raise ValueError(f"fail point {name} runs in Spark tasks, which know no view: arm it for all")
     saved = dict(_armed)
     _armed.update({(name, view): action for name, action in points.items()})
     try:

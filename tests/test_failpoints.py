@@ -60,6 +60,9 @@ def test_arming_an_unknown_point_or_action_is_refused():
         pass
     with pytest.raises(ValueError, match="an action is"), failpoints.armed({"after_commit": "boom"}):
         pass
+    # A task's point is hit without a view: scoped to one, it would never fire.
+    with pytest.raises(ValueError, match="for all"), failpoints.armed({"write_task": "raise"}, view="v"):
+        pass
 
 
 def _armed_in_a_fresh_process(env: dict[str, str]) -> str:

@@ -293,6 +293,11 @@ def batch_start(epoch: int, opts: SinkOptions, where: Where, before: Time | None
         return _first_start(opts.checkpoint, opts.storage_options, where)
     except ConfigError as exc:
         return exc
+    except (ValueError, KeyError, TypeError) as exc:  # a checkpoint file not as Spark writes it
+        # A value too: only the checks that need the start (an offset reset, a gap) raise it.
+        return ConfigError(
+            f"cannot read where batch {epoch} starts from the query's checkpoint: {exc}", where
+        )
 
 
 def _first_start(

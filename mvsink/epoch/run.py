@@ -303,7 +303,7 @@ class Epoch:
         outcome = self.commit(decision, holding, staged, plan, snap, layout, attempt)
         if isinstance(outcome, Lost):
             return outcome
-        failpoints.hit("after_commit")
+        failpoints.hit("after_commit", self.where)
         self.mode.committed(staged)
         lower, upper = decision.desc.lower, decision.desc.upper
         return self.report("committed", lower, upper, outcome.version, attempt, snap, staged=staged)
@@ -324,7 +324,7 @@ class Epoch:
                 spark=self.ctx.batch.sparkSession,
             )
             self._check_still_ours(snap)
-        failpoints.hit("after_snapshot")
+        failpoints.hit("after_snapshot", self.where)
         if not snap.exists and self.named:
             self.state.look_up_again = True
             raise ConfigError(
@@ -453,7 +453,7 @@ class Epoch:
             )
             if is_dataframe(plan.inserts):
                 ctx.batch_ran = True  # Spark tasks wrote the whole batch
-        failpoints.hit("after_staging")
+        failpoints.hit("after_staging", self.where)
         return staged
 
     def commit(

@@ -114,7 +114,7 @@ def vacuum(
     listed = _listing(store, where)
     empty = _empty_folders(store, hours)  # before a data vacuum (Delta's removes empty folders)
     try:
-        with delta_errors(where, "vacuum", refused=ConfigError):
+        with delta_errors(where, "vacuum", refused=ConfigError, not_found=ConfigError):
             _refuse_nested_tables(listed, where)
             if snap.engine == "delta-spark":  # delta-rs's vacuum commits, and cannot to this table
                 found = snap._jvm.vacuum(snap.root, dry_run=True)

@@ -235,7 +235,7 @@ class DeltaVersions(DataSource):
 def _open(store: Store, version: int | None = None) -> DeltaTable:
     """The table (as of ``version``; None: the latest), or an ``InputError`` saying why not."""
     doing = f"read {'' if version is None else f'version {version} of '}the Delta table at {store.root}"
-    with delta_errors(Where(target=store.root), doing, refused=InputError):
+    with delta_errors(Where(target=store.root), doing, refused=InputError, not_found=InputError):
         return open_table(store.root, store.options, version=version)
 
 

@@ -143,8 +143,6 @@ class Prepared:
         try:
             with turn:
                 reported = self.send()
-            if self.hit_point:
-                failpoints.hit("after_commit_call", self.where)
         except Exception as exc:
             return _outcome_in_log(self.log_files, self.version, self.attempt_id, exc, self.where)
         if reported is not None and reported != self.version:
@@ -155,6 +153,11 @@ class Prepared:
                 "staged files are kept; the next epoch repairs the view.",
                 self.where,
             )
+        try:
+            if self.hit_point:
+                failpoints.hit("after_commit_call", self.where)
+        except Exception as exc:  # a failure right after the call, as a post-commit step's can be
+            return _outcome_in_log(self.log_files, self.version, self.attempt_id, exc, self.where)
         return Landed(self.version)
 
 

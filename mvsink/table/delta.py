@@ -222,10 +222,13 @@ def delta_errors(
     *,
     missing: str | None = None,
     refused: type[MVSinkError] = UnsupportedTableError,
+    not_found: type[MVSinkError] | None = None,
 ) -> Iterator[None]:
     """Map every delta-rs error raised in the block to an mvsink error, in one place: a lost
     commit race (``CommitFailedError``) to ``ConflictError``; no table (``TableNotFoundError``)
-    to ``ConfigError`` saying ``missing`` (re-raised as is without it); another Delta error to
+    to ``ConfigError`` saying ``missing``, or to ``not_found`` saying what failed (a table
+    whose log no longer holds the version asked for is one too), else re-raised as is;
+    another Delta error to
     ``refused`` (``UnsupportedTableError`` unless the caller's operation names another: a
     source's ``InputError``, the metrics table's ``StorageError``); an object store's
     ``OSError`` to ``StorageError``. ``doing`` says what failed: "cannot {doing}: {error}"."""
@@ -238,9 +241,11 @@ def delta_errors(
             f"cannot {doing}: another commit landed first ({first_line(exc)})", where
         ) from exc
     except TableNotFoundError as exc:
-        if missing is None:
-            raise
-        raise ConfigError(missing, where) from exc
+        if missing is not None:
+            raise ConfigError(missing, where) from exc
+        if not_found is not None:
+            raise not_found(f"cannot {doing}: {first_line(exc)}", where) from exc
+        raise
     except DeltaError as exc:
         raise refused(f"cannot {doing}: {exc}", where) from exc
     except OSError as exc:  # the object store: endpoint, credentials, bucket

@@ -71,7 +71,8 @@ class TableProperties:
             deletion_vectors=_flag(configuration, DELETION_VECTORS),
             column_mapping=str(configuration.get(COLUMN_MAPPING) or "none").lower(),
             checkpoint_interval=interval,
-            expired_log_cleanup=_flag(configuration, EXPIRED_LOG_CLEANUP, "true"),
+            # Set but empty is off, as Delta's own reader takes it; unset is on.
+            expired_log_cleanup=str(configuration.get(EXPIRED_LOG_CLEANUP, "true")).lower() == "true",
             append_only=_flag(configuration, APPEND_ONLY, ""),
             retention_us=table_retention_us(configuration),
             transaction_retention=configuration.get(TRANSACTION_RETENTION) or None,

@@ -30,6 +30,8 @@ def test_flags_are_read_in_any_case_and_only_true_is_true():
     assert not props.expired_log_cleanup and props.column_mapping == "name"
     no = TableProperties.parse({"delta.enableChangeDataFeed": "yes", "delta.appendOnly": None})
     assert not no.change_feed and not no.append_only
+    # Log cleanup is on unless set, and set to anything but true (empty included) is off.
+    assert not TableProperties.parse({"delta.enableExpiredLogCleanup": ""}).expired_log_cleanup
 
 
 def test_the_checkpoint_interval_falls_back_to_100_when_unread():
