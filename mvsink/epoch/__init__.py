@@ -31,7 +31,7 @@ Invariants (cited elsewhere by number):
   strictly increases instead (a clocked description commits only ahead of it; its upper is
   its replica's own epoch).
 * I2. A commit is only ever made against the snapshot its correction was computed from
-  (``compare_and_append`` is strict: any commit since that snapshot makes it fail).
+  (``table/commit.py`` is strict: any commit since that snapshot makes it lose).
 * I3. After a successful append at ``upper`` the target equals desired of epoch ``upper - 1``
   as a multiset, whatever it held before (complete mode); every key the batch touched holds
   exactly its desired row (upsert mode); the batch's rows were added once (append mode).

@@ -6,7 +6,7 @@ them. ``compact`` picks the files holding fewer than ``small_rows`` rows (a quar
 ``max_rows_per_file`` rows, sorted by ``cluster_by`` when given.
 
 Why it cannot race a sink into losing data: the commit is the sink's strict compare-and-append
-(``delta.compare_and_append``): it lands only if nothing at all was committed since the
+(``commit.append``): it lands only if nothing at all was committed since the
 snapshot it read, so a sink epoch in between makes it retry from a fresh snapshot, and a
 compaction landing first makes the sink's epoch retry (never the silent no-op remove of
 DELTA_NOTES). It changes no row: the new files hold exactly the old files' rows (checked by
