@@ -46,8 +46,8 @@ def probe(batches):
     import pyarrow as pa
     version = fingerprint = error = ""
     try:
+        import deltalake  # noqa: F401  (a dependency: mvsink imports it only in its Delta shim)
         import mvsink
-        import mvsink.table.delta  # noqa: F401  (the Delta shim: fails without deltalake)
         from mvsink.table.fingerprint import FINGERPRINT_VERSION
         version, fingerprint = mvsink.__version__, str(FINGERPRINT_VERSION)
     except Exception as exc:
