@@ -125,6 +125,10 @@ def run_job(
             if interrupts.count:
                 while in_flight.is_set():  # the epoch in flight ends (or a second Ctrl-C ends it)
                     time.sleep(0.1)
+                # The query may have started its next batch meanwhile; stopping interrupts it,
+                # and Spark logs each interrupted step (a broadcast, a task) as an ERROR: noise
+                # after a Ctrl-C, whose one line says where the view stands.
+                spark.sparkContext.setLogLevel("OFF")
                 query.stop()
                 raise Interrupted(_stands(sink, reports))
         if query.exception() is not None:
