@@ -60,6 +60,7 @@ from mvsink.table.delta import (
     NewFile,
     Snapshot,
     keeps_files_across_schema_change,
+    open_table,
     physical_names,
     unique_id,
 )
@@ -474,7 +475,7 @@ def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:
     if version == 0 or interval <= 0 or version % interval:
         return
     try:
-        dt = DeltaTable(snap.root, version=version, storage_options=dict(snap.storage_options) or None)
+        dt = open_table(snap.root, snap.storage_options, version=version)
         dt.create_checkpoint()
         if props.expired_log_cleanup:
             dt.cleanup_metadata()
