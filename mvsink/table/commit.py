@@ -193,7 +193,9 @@ def prepare_append(
         # Through the session's JVM Delta, everything before its commit call (a failure there
         # cannot have landed anything) happens now.
         changed = schema_json if new_schema else None
-        jvm = _prepare_jvm(snap, adds, removes, changes, updates, props, data_change, where, changed)
+        jvm = _prepare_jvm(
+            snap, log_files, adds, removes, changes, updates, props, data_change, where, changed
+        )
         return replace(prepared, path="jvm", send=_jvm_send(jvm, log_files, version, attempt_id))
     add_actions = [
         AddAction(f.path, f.size, dict(f.partition_values), now, data_change, f.stats) for f in adds
@@ -356,6 +358,7 @@ def _jvm_send(
 
 def _prepare_jvm(
     snap: Snapshot,
+    log_files: LogFiles,
     adds: Sequence[NewFile],
     removes: Sequence[DataFile],
     changes: Sequence[NewFile],
@@ -375,7 +378,10 @@ def _prepare_jvm(
     user_metadata = metadata.pop("userMetadata", None)
     transactions = list(props.app_transactions or ())
     jvm = snap._jvm
-    held = jvm.add_actions(snap.root, snap.version, [f.path for f in (*removes, *updates)])
+    held = {}
+    if removes or updates:
+        assert snap.table_id is not None
+        held = jvm.adds(snap.root, snap.table_id, snap.version, log_files).by_path
     for f in removes:
         found = held.get(f.path)
         if found is None or unique_id(found.get("deletionVector")) != unique_id(f.deletion_vector):

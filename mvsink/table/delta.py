@@ -280,9 +280,8 @@ def load_snapshot(
     _check_transaction_retention(properties, where)
     jvm = _engine(root, dt, features, engine, spark, where) if writing else None
     actions = pa.table(dt.get_add_actions(flatten=True))
-    files, rows_known = _files(
-        root, dt, actions, features, _reader(spark, features) if jvm is None else jvm, where
-    )
+    reader = _reader(spark, features) if jvm is None else jvm
+    files, rows_known = _files(root, dt, actions, features, reader, storage_options, where)
     schema_json = dt.schema().to_json()
     stats = _logical_stats(
         actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))]), schema_json
@@ -332,17 +331,26 @@ def _open(root: str, storage_options: Mapping[str, str], where: Where) -> DeltaT
 
 
 def _files(
-    root: str, dt: DeltaTable, actions: pa.Table, features: frozenset[str], jvm: Any, where: Where
+    root: str,
+    dt: DeltaTable,
+    actions: pa.Table,
+    features: frozenset[str],
+    jvm: Any,
+    storage_options: Mapping[str, str],
+    where: Where,
 ) -> tuple[tuple[DataFile, ...], bool]:
     """The snapshot's files, and whether their rows are known: delta-rs lists the files but not
-    their deletion vectors, which the session's Delta (``jvm``, if any) does."""
+    their deletion vectors, which the log's add actions hold (``log.Adds``, kept by the
+    session's Delta, ``jvm``, if any, which loads them when the log alone cannot)."""
     vectors: Mapping[str, Mapping[str, Any]] | None = {}
     listed = None
     if "deletionVectors" in features:
         vectors = None  # unknown without the session's Delta (``Snapshot.rows_known``)
         if jvm is not None:
-            vectors, *totals = jvm.deletion_vectors(root, dt.version())
-            listed = tuple(totals)
+            from mvsink.table.storage import Store
+
+            held = jvm.adds(root, str(dt.metadata().id), dt.version(), Store(root, storage_options))
+            vectors, listed = held.vectors(), held.totals()
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
     files = tuple(
@@ -410,7 +418,7 @@ def _reader(spark: Any, features: frozenset[str]) -> Any:
 
         spark = SparkSession.getActiveSession()
     try:
-        return None if spark is None else JvmDelta(spark)
+        return None if spark is None else JvmDelta.of(spark)
     except EngineUnavailable:
         return None
 
@@ -558,7 +566,7 @@ def _engine(
             f"{why}the delta-spark engine needs a Spark session with Delta; nothing was staged", where
         )
     try:
-        jvm = JvmDelta(spark)
+        jvm = JvmDelta.of(spark)
         jvm.check_store(root)
         if dt is not None:
             jvm.check_table(root, dt.version(), str(dt.metadata().id), features)

@@ -32,13 +32,16 @@ import importlib.util
 import json
 import os
 import re
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from mvsink.compat import from_arrow, to_arrow
+from mvsink.compat import to_arrow
 from mvsink.errors import EngineRefused, EngineUnavailable, MVSinkError, first_line
 from mvsink.table import record
+from mvsink.table.log import ADD_FIELDS, REPLAYED, Adds, LogFiles
 from mvsink.table.stats import loosened
 
 
@@ -71,25 +74,34 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class JvmDelta:
-    """The JVM Delta of one classic Spark session."""
+    """The JVM Delta of one classic Spark session. ``of`` gives a session's one instance: what
+    it checks of the JVM (the Delta and Spark pair, each scheme's log store) and what it has
+    read of a table (``adds``) hold for the JVM's life."""
+
+    @classmethod
+    def of(cls, spark: Any) -> JvmDelta:
+        """The session's JVM Delta, made and checked on its first use."""
+        _usable(spark)
+        with _SESSIONS_LOCK:
+            found = _SESSIONS.get(spark)
+            if found is None:
+                found = _SESSIONS[spark] = cls(spark)
+        problem = pair_problem(found.version, found.spark_version)  # (what it was tested with may move)
+        if problem is not None:
+            raise EngineUnavailable(problem)
+        return found
 
     def __init__(self, spark: Any) -> None:
-        jspark = getattr(spark, "_jsparkSession", None)
-        if jspark is None:
-            raise EngineUnavailable(
-                "the delta-spark engine commits through the session's JVM Delta over py4j, which a "
-                "Spark Connect session does not have"
-            )
-        if os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "false":
-            raise EngineUnavailable(
-                "the delta-spark engine makes its one-attempt session active around the commit, "
-                "which needs PySpark's pinned threads (PYSPARK_PIN_THREAD is false here)"
-            )
+        _usable(spark)
+        jspark = spark._jsparkSession
         self._spark = spark
         self._jvm = spark._jvm
         self._jspark = jspark
         self._stores: dict[str, str] = {}
         """``check_store``'s verdicts by URI scheme (the JVM's store conf is fixed at its start)."""
+        self._adds: dict[tuple[str, str], Adds] = {}
+        """``adds``' last answer by table (root and id), newest used last."""
+        self._adds_lock = threading.Lock()
         try:
             self.version = str(self._module("io.delta.package$").VERSION())
         except Exception:
@@ -226,40 +238,31 @@ class JvmDelta:
             return delta_log.getSnapshotAt(version, none, none)
         return delta_log.getSnapshotAt(version, none, none, False)
 
-    def deletion_vectors(self, root: str, version: int) -> tuple[dict[str, dict[str, Any]], int, int]:
-        """The deletion vector descriptors of the files of ``version`` that have one, by the
-        path the log lists, with the version's number of files and their total size (to check
-        against another reader's listing); one Spark job, one row back."""
+    def adds(self, root: str, table_id: str, version: int, log_files: LogFiles) -> Adds:
+        """The add actions of ``version`` of the table at ``root`` (``log.Adds``): the last
+        answer for the table carried forward through the log's commit files since, or read
+        from them alone for a young table; else the version's whole state as the JVM's
+        snapshot holds it (one Spark job)."""
+        key = (root, table_id)
+        with self._adds_lock:
+            known = self._adds.pop(key, None)
+        found = None if known is None else known.at(log_files, version)
+        if found is None and version <= REPLAYED:
+            found = Adds.empty().at(log_files, version)
+        if found is None:
+            found = Adds(version, self._snapshot_adds(root, version))
+        with self._adds_lock:
+            self._adds[key] = found
+            while len(self._adds) > _TABLES_KEPT:
+                del self._adds[next(iter(self._adds))]
+        return found
+
+    def _snapshot_adds(self, root: str, version: int) -> dict[str, Mapping[str, Any]]:
+        """Every add action of ``version``, by path, from the JVM's snapshot state."""
         from pyspark.sql import functions as F
 
-        dv = F.col("deletionVector")
-        vector = F.struct(*(dv[f].alias(f) for f in _DV_FIELDS))
-        found = (
-            self._files(root, version)
-            .agg(
-                F.collect_list(F.when(dv.isNotNull(), F.struct("path", F.to_json(vector).alias("dv")))),
-                F.count(F.lit(1)),
-                F.coalesce(F.sum("size"), F.lit(0)),
-            )
-            .collect()[0]
-        )
-        vectors = {row["path"]: json.loads(row["dv"]) for row in found[0]}
-        return vectors, int(found[1]), int(found[2])
-
-    def add_actions(self, root: str, version: int, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The add actions (Delta-log JSON, the protocol's fields) of the files at ``paths`` in
-        ``version``, by path: what removing them, or adding them again with another deletion
-        vector, must repeat (row ids, tags, statistics)."""
-        from pyspark.sql import functions as F
-
-        if not paths:
-            return {}
-        import pyarrow as pa
-
-        # From Arrow: a DataFrame built from Python rows costs seconds at ten thousand files.
-        wanted = from_arrow(self._spark, pa.table({"path": sorted(set(paths))}), "path string")
-        files = self._files(root, version).join(wanted, "path", "left_semi")
-        present = [c for c in _ADD_FIELDS if c in files.columns]
+        files = self._files(root, version)
+        present = [c for c in ADD_FIELDS if c in files.columns]
         table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
         found = [json.loads(text) for text in table.column("add").to_pylist()]
         return {add["path"]: add for add in found}
@@ -488,22 +491,25 @@ def commit_turn(root: str) -> Iterator[None]:
 
 _OUTPUT_MODES = {"complete": "Complete", "upsert": "Update", "append": "Append"}
 """Spark's output mode (``OutputMode``) a sink mode's epochs are recorded with."""
-_DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")
-"""A deletion vector descriptor's fields in the protocol."""
-_ADD_FIELDS = (
-    "path",
-    "partitionValues",
-    "size",
-    "modificationTime",
-    "dataChange",
-    "stats",
-    "tags",
-    "deletionVector",
-    "baseRowId",
-    "defaultRowCommitVersion",
-    "clusteringProvider",
-)
-"""An add action's fields in the protocol (the JVM's ``AddFile`` has internal ones too)."""
+_SESSIONS: weakref.WeakKeyDictionary[Any, JvmDelta] = weakref.WeakKeyDictionary()
+"""Each classic session's ``JvmDelta`` (``JvmDelta.of``)."""
+_SESSIONS_LOCK = threading.Lock()
+_TABLES_KEPT = 64
+"""Tables whose adds a ``JvmDelta`` keeps (the least recently used go first)."""
+
+
+def _usable(spark: Any) -> None:
+    """Refuse a session whose JVM Delta this engine cannot reach or use."""
+    if getattr(spark, "_jsparkSession", None) is None:
+        raise EngineUnavailable(
+            "the delta-spark engine commits through the session's JVM Delta over py4j, which a "
+            "Spark Connect session does not have"
+        )
+    if os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "false":
+        raise EngineUnavailable(
+            "the delta-spark engine makes its one-attempt session active around the commit, "
+            "which needs PySpark's pinned threads (PYSPARK_PIN_THREAD is false here)"
+        )
 
 
 def _relative(root: str, path: str) -> str:

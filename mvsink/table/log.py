@@ -1,10 +1,13 @@
 """The Delta log's commit files, read directly from storage: one version's actions and its
 commit info (with mvsink's metadata, ``record.py``, at the top level whichever engine wrote
-it), and a view's recent history."""
+it), a view's recent history, and a version's add actions carried forward from an earlier
+version's (``Adds``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -76,3 +79,70 @@ def history(log_files: LogFiles, newest: int, limit: int) -> list[dict[str, Any]
     1``, newest first; versions whose file is gone (log cleanup) are left out."""
     commits = (commit_info(log_files, v) for v in range(newest, max(newest - limit, -1), -1))
     return [c for c in commits if c is not None]
+
+
+ADD_FIELDS = (
+    "path",
+    "partitionValues",
+    "size",
+    "modificationTime",
+    "dataChange",
+    "stats",
+    "tags",
+    "deletionVector",
+    "baseRowId",
+    "defaultRowCommitVersion",
+    "clusteringProvider",
+)
+"""An add action's fields in the protocol (a writer may record more, the JVM's ``AddFile``
+has internal ones)."""
+REPLAYED = 48
+"""The most commit files ``Adds.at`` reads to carry a table's adds forward (a read each); past
+that, the caller loads the version's whole state another way (one Spark job)."""
+
+
+@dataclass(frozen=True)
+class Adds:
+    """The add actions of one version of a table, by path (``ADD_FIELDS`` of each, as its log
+    holds them): what removing a file, or adding it again with another deletion vector, must
+    repeat, and each file's deletion vector. Kept from epoch to epoch and carried forward
+    through the commit files in between, so a version's state is not computed anew each time
+    (a Spark job over the whole table's state through the JVM, 0.6 s at 10M rows)."""
+
+    version: int
+    by_path: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def empty(cls) -> Adds:
+        """A table before its first commit (carried forward from there: read from version 0)."""
+        return cls(-1, {})
+
+    def at(self, log_files: LogFiles, version: int) -> Adds | None:
+        """These adds as of ``version``, carried forward through commits after this one's,
+        each from its own file: in each, its removes, then its adds (a file whose deletion
+        vector changes is removed and added in one commit). None when that cannot be known
+        here: ``version`` is older, is more than ``REPLAYED`` commits on, or a commit file
+        is gone (log cleanup)."""
+        if version < self.version or version - self.version > REPLAYED:
+            return None
+        files = dict(self.by_path)
+        for v in range(self.version + 1, version + 1):
+            actions = log_actions(log_files, v)
+            if actions is None:
+                return None
+            for action in actions:
+                if "remove" in action:
+                    files.pop(action["remove"]["path"], None)
+            for action in actions:
+                if "add" in action:
+                    add = action["add"]
+                    files[add["path"]] = {k: add[k] for k in ADD_FIELDS if add.get(k) is not None}
+        return Adds(version, files)
+
+    def vectors(self) -> dict[str, Mapping[str, Any]]:
+        """The deletion vectors of the files that have one, by path."""
+        return {p: a["deletionVector"] for p, a in self.by_path.items() if a.get("deletionVector")}
+
+    def totals(self) -> tuple[int, int]:
+        """The version's number of files and their total size (to check against another reader)."""
+        return len(self.by_path), sum(int(a["size"]) for a in self.by_path.values())

@@ -836,6 +836,76 @@ def test_retractions_on_a_deletion_vector_table_are_deletion_vectors(spark, tmp_
             assert changes["insert"] == held[version] - held[version - 1], f"version {version}"
 
 
+def test_the_adds_read_from_the_log_are_the_jvms_at_every_version_of_deltas_own_dml(spark, tmp_path):
+    """Delta's own DELETE (vectors), UPDATE, MERGE, OPTIMIZE and a purge on a table with
+    deletion vectors and row tracking: at every version, the add actions mvsink reads from the
+    log's commit files (from version 0, and carried from each earlier version) are those of the
+    JVM's snapshot, vectors and row ids included."""
+    from mvsink.table.jvm_delta import JvmDelta
+    from mvsink.table.log import Adds
+
+    target = str(tmp_path / "dml")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta TBLPROPERTIES "
+        "('delta.enableDeletionVectors' = 'true', 'delta.enableRowTracking' = 'true')"
+    )
+    spark.sql("SELECT id, concat('n', id) AS name FROM range(0, 60)").repartition(4).write.format(
+        "delta"
+    ).mode("append").save(target)
+    for statement in (
+        "DELETE FROM delta.`{t}` WHERE id % 7 = 0",
+        "UPDATE delta.`{t}` SET name = 'u' WHERE id % 5 = 0",
+        "DELETE FROM delta.`{t}` WHERE id % 7 = 1",
+        "MERGE INTO delta.`{t}` t USING (SELECT id, 'm' AS name FROM range(50, 70)) s ON t.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+        "OPTIMIZE delta.`{t}`",
+        "DELETE FROM delta.`{t}` WHERE id % 11 = 0",
+        "REORG TABLE delta.`{t}` APPLY (PURGE)",
+    ):
+        spark.sql(statement.format(t=target))
+    jvm, log = JvmDelta.of(spark), store(target)
+    newest = max(versions(target))
+
+    def kept(adds: Any) -> dict[str, Any]:
+        # (The JVM's snapshot marks every file's dataChange false; commits say it anew.)
+        return {p: {k: v for k, v in a.items() if k != "dataChange"} for p, a in adds.items()}
+
+    carried, vectors = Adds.empty(), 0
+    for version in range(newest + 1):
+        want = kept(jvm._snapshot_adds(target, version))
+        vectors += sum(1 for a in want.values() if a.get("deletionVector"))
+        fresh = Adds.empty().at(log, version)
+        carried = carried.at(log, version)  # type: ignore[assignment]
+        assert fresh is not None and kept(fresh.by_path) == want, f"version {version}"
+        assert carried is not None and kept(carried.by_path) == want, f"version {version}"
+    assert vectors  # (the DML made some)
+
+
+def test_a_view_on_a_vector_table_stays_exact_when_log_cleanup_took_the_commits_since_its_last_epoch(
+    spark, tmp_path
+):
+    """The adds an epoch read are carried to the next epoch's version through the commit files
+    in between; when log cleanup took one (a checkpoint holds the version), the next epoch
+    reads the version's state whole instead, Delta's own DELETE's vectors included."""
+    target = str(tmp_path / "cleaned")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta TBLPROPERTIES "
+        "('delta.enableDeletionVectors' = 'true', 'delta.checkpointInterval' = '1')"
+    )
+    sink = MVSink(target, "v", max_rows_per_file=10, heartbeat=0, engine="delta-spark")
+    view_of = "SELECT id, concat('n', id, '{tag}') AS name FROM range(0, 50)"
+    sink(spark.sql(view_of.format(tag="")), 0)
+    sink(spark.sql(view_of.format(tag="")), 1)
+    spark.sql(f"DELETE FROM delta.`{target}` WHERE id % 3 = 0")  # vectors the next epoch repairs
+    newest = max(versions(target))
+    for version in range(newest):
+        os.remove(os.path.join(target, "_delta_log", f"{version:020d}.json"))
+    report = sink(spark.sql(view_of.format(tag="")), 2)
+    assert report.outcome == "committed" and report.inserted == 17 and report.retracted == 0
+    want = multiset(to_arrow(spark.sql(view_of.format(tag=""))), ["id", "name"])
+    assert spark_rows(spark, target, cols=["id", "name"]) == want
+
+
 @pytest.mark.parametrize("placement", ["driver", "distributed"])
 def test_an_upsert_view_on_a_deletion_vector_table_updates_and_deletes_through_vectors(
     spark, tmp_path, placement

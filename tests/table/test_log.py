@@ -8,10 +8,10 @@ import os
 
 import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from mvsink import MVSinkError
-from mvsink.table.log import commit_attempt, commit_info, history, log_actions
+from mvsink.table.log import REPLAYED, Adds, commit_attempt, commit_info, history, log_actions
 from mvsink.table.storage import Store
 from tests.helpers import log_entry
 
@@ -91,3 +91,81 @@ def test_history_is_newest_first_up_to_the_limit_and_skips_versions_cleaned_up(t
     assert [c["version"] for c in history(store, 1, 1)] == [1]
     os.remove(os.path.join(table, "_delta_log", f"{1:020d}.json"))
     assert [c["version"] for c in history(store, 3, 10)] == [3, 2, 0]
+
+
+def _listed(root: str, version: int) -> dict[str, int]:
+    """The files delta-rs lists at ``version``, with their sizes."""
+    actions = DeltaTable(root, version=version).get_add_actions(flatten=True)
+    paths, sizes = actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()
+    return dict(zip(paths, sizes, strict=True))
+
+
+def test_adds_carried_forward_are_the_files_delta_rs_lists_at_every_version(tmp_path):
+    """Appends, an overwrite and a compaction by delta-rs: the adds read from version 0, and
+    those carried from each earlier version, are the files of the version, as delta-rs lists them."""
+    root = str(tmp_path / "t")
+    write_deltalake(root, ROWS)
+    write_deltalake(root, ROWS, mode="append")
+    write_deltalake(root, ROWS, mode="overwrite")
+    write_deltalake(root, ROWS, mode="append")
+    DeltaTable(root).optimize.compact()
+    store = Store(root)
+    newest = DeltaTable(root).version()
+    for version in range(newest + 1):
+        adds = Adds.empty().at(store, version)
+        assert adds is not None and adds.version == version
+        assert {p: a["size"] for p, a in adds.by_path.items()} == _listed(root, version)
+        assert adds.totals() == (len(_listed(root, version)), sum(_listed(root, version).values()))
+        for later in range(version, newest + 1):
+            carried = adds.at(store, later)
+            assert carried is not None and carried.by_path == Adds.empty().at(store, later).by_path  # type: ignore[union-attr]
+
+
+def test_a_commit_that_gives_a_file_a_new_deletion_vector_leaves_it_with_the_new_one(tmp_path):
+    """In one commit a file is removed with its old vector and added with a new one (as Delta
+    writes it): the file stays, with the new vector; fields a writer adds beyond the protocol's
+    are not kept."""
+    root = str(tmp_path / "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    old = {"storageType": "u", "pathOrInlineDv": "a", "offset": 1, "sizeInBytes": 3, "cardinality": 1}
+    new = {**old, "pathOrInlineDv": "b", "cardinality": 2}
+    first = {"path": "f.parquet", "size": 10, "stats": '{"numRecords":5}', "dataChange": True}
+    _commit_file(root, 0, [{"commitInfo": {}}, {"add": {**first, "deletionVector": old, "internal": 1}}])
+    again = {**first, "deletionVector": new}
+    # The add first, as a writer may order them: the remove still applies before it.
+    _commit_file(root, 1, [{"add": again}, {"remove": {"path": "f.parquet", "deletionVector": old}}])
+    _commit_file(root, 2, [{"add": {"path": "g.parquet", "size": 4}}])
+    store = Store(root)
+    at0 = Adds.empty().at(store, 0)
+    assert at0 is not None and at0.by_path == {"f.parquet": {**first, "deletionVector": old}}
+    at2 = at0.at(store, 2)
+    assert at2 is not None and at2.vectors() == {"f.parquet": new}
+    assert at2.totals() == (2, 14)
+
+
+def test_adds_that_cannot_be_carried_forward_are_none(tmp_path):
+    """An older version, more commits than ``REPLAYED``, or a commit file log cleanup took:
+    not known here (the caller loads the version's state another way)."""
+    root = str(tmp_path / "t")
+    for _ in range(4):
+        write_deltalake(root, ROWS, mode="append")
+    store = Store(root)
+    at2 = Adds.empty().at(store, 2)
+    assert at2 is not None
+    assert at2.at(store, 1) is None
+    os.remove(os.path.join(root, "_delta_log", f"{3:020d}.json"))
+    assert at2.at(store, 3) is None
+    assert Adds.empty().at(store, 4) is None
+
+
+def test_adds_are_carried_at_most_replayed_commits_forward(tmp_path):
+    root = str(tmp_path / "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    newest = REPLAYED  # from the empty table: REPLAYED + 1 commits; from version 0: REPLAYED
+    for version in range(newest + 1):
+        _commit_file(root, version, [{"add": {"path": f"{version}.parquet", "size": 1}}])
+    store = Store(root)
+    assert Adds.empty().at(store, newest) is None
+    at0 = Adds.empty().at(store, 0)
+    assert at0 is not None
+    assert at0.at(store, newest) is not None and at0.at(store, newest).totals() == (newest + 1, newest + 1)  # type: ignore[union-attr]
