@@ -378,13 +378,13 @@ def _prepare_jvm(
     user_metadata = metadata.pop("userMetadata", None)
     transactions = list(props.app_transactions or ())
     jvm = snap._jvm
-    held = {}
-    if removes or updates:
-        assert snap.table_id is not None
-        held = jvm.adds(snap.root, snap.table_id, snap.version, log_files).by_path
-    for f in removes:
+    held = _held(snap, log_files, [f.path for f in (*removes, *updates)])
+    for f in (*removes, *updates):  # (an update's vector is its new one)
         found = held.get(f.path)
-        if found is None or unique_id(found.get("deletionVector")) != unique_id(f.deletion_vector):
+        if found is None or (
+            f in removes and unique_id(found.get("deletionVector")) != unique_id(f.deletion_vector)
+        ):
+            jvm.forget(snap.root, snap.table_id)  # (read anew by the next attempt)
             raise InvariantViolation(
                 f"the session's Delta does not hold {f.path} as version {snap.version} of the table does",
                 where,
@@ -408,6 +408,19 @@ def _prepare_jvm(
     ]
     changed = {} if schema_json is None else {"schema_json": schema_json}
     return jvm.prepare(snap.root, snap.version, actions, metadata, user_metadata, **changed)  # type: ignore[no-any-return]
+
+
+def _held(snap: Snapshot, log_files: LogFiles, paths: Sequence[str]) -> Mapping[str, Mapping[str, Any]]:
+    """The add actions of the snapshot's files at ``paths``, by path: from the log
+    (``JvmDelta.adds``), or from the session's Delta for a table too big to keep them."""
+    if not paths:
+        return {}
+    assert snap.version is not None and snap.table_id is not None
+    jvm = snap._jvm
+    adds = jvm.adds(snap.root, snap.table_id, snap.version, log_files, len(snap.files))
+    if adds is None:
+        return jvm.add_actions(snap.root, snap.version, paths)  # type: ignore[no-any-return]
+    return adds.by_path  # type: ignore[no-any-return]
 
 
 # -- outcome --------------------------------------------------------------------------------

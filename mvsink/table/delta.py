@@ -342,31 +342,56 @@ def _files(
     """The snapshot's files, and whether their rows are known: delta-rs lists the files but not
     their deletion vectors, which the log's add actions hold (``log.Adds``, kept by the
     session's Delta, ``jvm``, if any, which loads them when the log alone cannot)."""
-    vectors: Mapping[str, Mapping[str, Any]] | None = {}
-    listed = None
-    if "deletionVectors" in features:
-        vectors = None  # unknown without the session's Delta (``Snapshot.rows_known``)
-        if jvm is not None:
-            from mvsink.table.storage import Store
-
-            held = jvm.adds(root, str(dt.metadata().id), dt.version(), Store(root, storage_options))
-            vectors, listed = held.vectors(), held.totals()
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     heads = actions.select(["path", "size_bytes", "num_records", *part_cols]).to_pylist()
+    vectors: Mapping[str, Mapping[str, Any]] | None = {}
+    if "deletionVectors" in features:
+        # Unknown without the session's Delta (``Snapshot.rows_known``).
+        vectors = None if jvm is None else _vectors(root, dt, heads, jvm, storage_options, where)
     files = tuple(
         _data_file(row, part_cols, None if vectors is None else vectors.get(row["path"]), where)
         for row in heads
     )
-    mine = (len(files), sum(f.size for f in files))
-    if listed is not None and (
-        len(vectors or {}) != sum(1 for f in files if f.deletion_vector) or listed != mine
-    ):
-        raise InvariantViolation(
-            f"the session's Delta and delta-rs list different files at version {dt.version()} "
-            f"(files and bytes: {listed} and {mine}, {len(vectors or {})} deletion vectors)",
-            where,
-        )
     return files, vectors is not None
+
+
+def _vectors(
+    root: str,
+    dt: DeltaTable,
+    heads: Sequence[Mapping[str, Any]],
+    jvm: Any,
+    storage_options: Mapping[str, str],
+    where: Where,
+) -> Mapping[str, Mapping[str, Any]]:
+    """The deletion vectors of the version's files, by path, from the log's add actions
+    (``JvmDelta.adds``), checked against delta-rs's listing (``heads``: files and bytes) and
+    the version's checksum file, if any (vectors and the rows they drop too). What does not
+    agree is read again whole from the session's Delta, once, before it is an error."""
+    from mvsink.table.storage import Store
+
+    log_files, table_id, version = Store(root, storage_options), str(dt.metadata().id), dt.version()
+    mine = (len(heads), sum(int(row["size_bytes"]) for row in heads))
+    problem = ""
+    for fresh in (False, True):
+        held = jvm.adds(root, table_id, version, log_files, len(heads), fresh=fresh)
+        if held is None:  # too many files to keep: the session's Delta lists the vectors
+            vectors, listed = jvm.deletion_vectors(root, version)
+            problem = "" if listed == mine else f"files and bytes: {listed} and {mine}"
+        else:
+            vectors, listed = held.vectors(), held.totals()
+            problem = held.checksum_problem(log_files) or (
+                "" if listed == mine else f"files and bytes: {listed} and {mine}"
+            )
+        unknown = set(vectors) - {row["path"] for row in heads}
+        if not problem and unknown:
+            problem = f"vectors of files delta-rs does not list: {sorted(unknown)[:3]}"
+        if not problem:
+            return vectors  # type: ignore[no-any-return]
+        jvm.forget(root, table_id)
+        log.warning("%s: the files read at version %s do not agree (%s): read again", where, version, problem)
+    raise InvariantViolation(
+        f"the session's Delta and delta-rs list different files at version {version} ({problem})", where
+    )
 
 
 def _logical_stats(stats: pa.Table, schema_json: str) -> pa.Table:
@@ -418,7 +443,7 @@ def _reader(spark: Any, features: frozenset[str]) -> Any:
 
         spark = SparkSession.getActiveSession()
     try:
-        return None if spark is None else JvmDelta.of(spark)
+        return None if spark is None else JvmDelta(spark)
     except EngineUnavailable:
         return None
 
@@ -566,7 +591,7 @@ def _engine(
             f"{why}the delta-spark engine needs a Spark session with Delta; nothing was staged", where
         )
     try:
-        jvm = JvmDelta.of(spark)
+        jvm = JvmDelta(spark)
         jvm.check_store(root)
         if dt is not None:
             jvm.check_table(root, dt.version(), str(dt.metadata().id), features)

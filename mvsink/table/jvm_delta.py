@@ -35,10 +35,11 @@ import re
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from mvsink.compat import to_arrow
+from mvsink.compat import from_arrow, to_arrow
 from mvsink.errors import EngineRefused, EngineUnavailable, MVSinkError, first_line
 from mvsink.table import record
 from mvsink.table.log import ADD_FIELDS, REPLAYED, Adds, LogFiles
@@ -74,22 +75,10 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class JvmDelta:
-    """The JVM Delta of one classic Spark session. ``of`` gives a session's one instance: what
-    it checks of the JVM (the Delta and Spark pair, each scheme's log store) and what it has
-    read of a table (``adds``) hold for the JVM's life."""
-
-    @classmethod
-    def of(cls, spark: Any) -> JvmDelta:
-        """The session's JVM Delta, made and checked on its first use."""
-        _usable(spark)
-        with _SESSIONS_LOCK:
-            found = _SESSIONS.get(spark)
-            if found is None:
-                found = _SESSIONS[spark] = cls(spark)
-        problem = pair_problem(found.version, found.spark_version)  # (what it was tested with may move)
-        if problem is not None:
-            raise EngineUnavailable(problem)
-        return found
+    """The JVM Delta of one classic Spark session (a ``foreachBatch`` call gets a session
+    object of its own each batch). What it checks of the JVM (the Delta and Spark pair, each
+    scheme's log store) is kept for the JVM's life (``_JVMS``), what it read of a table's
+    files for the table's (``_TABLES``)."""
 
     def __init__(self, spark: Any) -> None:
         _usable(spark)
@@ -97,20 +86,24 @@ class JvmDelta:
         self._spark = spark
         self._jvm = spark._jvm
         self._jspark = jspark
-        self._stores: dict[str, str] = {}
-        """``check_store``'s verdicts by URI scheme (the JVM's store conf is fixed at its start)."""
-        self._adds: dict[tuple[str, str], Adds] = {}
-        """``adds``' last answer by table (root and id), newest used last."""
-        self._adds_lock = threading.Lock()
-        try:
-            self.version = str(self._module("io.delta.package$").VERSION())
-        except Exception:
-            raise EngineUnavailable(
-                "the delta-spark engine needs Delta in the Spark session (delta-spark's jars, "
-                "'spark.sql.extensions' = io.delta.sql.DeltaSparkSessionExtension)"
-            ) from None
-        self.spark_version = str(jspark.version())
+        with _LOCK:
+            checked = _JVMS.get(spark.sparkContext)
+        if checked is None:
+            try:
+                version = str(self._module("io.delta.package$").VERSION())
+            except Exception:
+                raise EngineUnavailable(
+                    "the delta-spark engine needs Delta in the Spark session (delta-spark's jars, "
+                    "'spark.sql.extensions' = io.delta.sql.DeltaSparkSessionExtension)"
+                ) from None
+            checked = _Checked(version, str(jspark.version()), {})
+            with _LOCK:
+                _JVMS[spark.sparkContext] = checked
+        self.version = checked.delta
+        self.spark_version = checked.spark
         """The session's Spark, as its JVM reports it (PySpark's own version may differ)."""
+        self._stores = checked.stores
+        """``check_store``'s verdicts by URI scheme (the JVM's store conf is fixed at its start)."""
         problem = pair_problem(self.version, self.spark_version)
         if problem is not None:
             raise EngineUnavailable(problem)
@@ -238,30 +231,84 @@ class JvmDelta:
             return delta_log.getSnapshotAt(version, none, none)
         return delta_log.getSnapshotAt(version, none, none, False)
 
-    def adds(self, root: str, table_id: str, version: int, log_files: LogFiles) -> Adds:
-        """The add actions of ``version`` of the table at ``root`` (``log.Adds``): the last
-        answer for the table carried forward through the log's commit files since, or read
-        from them alone for a young table; else the version's whole state as the JVM's
-        snapshot holds it (one Spark job)."""
+    def adds(
+        self, root: str, table_id: str, version: int, log_files: LogFiles, files: int, *, fresh: bool = False
+    ) -> Adds | None:
+        """The add actions of ``version`` of the table at ``root`` (``log.Adds``), which holds
+        ``files`` files: the last answer for the table carried forward through the log's
+        commit files since, or read from them alone for a young table; else (or ``fresh``)
+        the version's whole state as the JVM's snapshot holds it (one Spark job). None when
+        that would be more than ``FILES_KEPT`` files (the caller asks for what it needs,
+        ``deletion_vectors``, ``add_actions``). The caller checks the answer, and ``forget``s
+        it if it does not hold."""
         key = (root, table_id)
-        with self._adds_lock:
-            known = self._adds.pop(key, None)
-        found = None if known is None else known.at(log_files, version)
-        if found is None and version <= REPLAYED:
+        with _LOCK:
+            known = _TABLES.get(key)
+        found = None if known is None or fresh else known.at(log_files, version)
+        if found is None and not fresh and version <= REPLAYED:
             found = Adds.empty().at(log_files, version)
         if found is None:
+            if files > FILES_KEPT:
+                return None
             found = Adds(version, self._snapshot_adds(root, version))
-        with self._adds_lock:
-            self._adds[key] = found
-            while len(self._adds) > _TABLES_KEPT:
-                del self._adds[next(iter(self._adds))]
+        with _LOCK:
+            newest = _TABLES.get(key)
+            if len(found.by_path) <= FILES_KEPT and (newest is None or newest.version <= found.version):
+                _TABLES[key] = found
+                _TABLES.move_to_end(key)
+                while len(_TABLES) > _TABLES_KEPT:
+                    _TABLES.popitem(last=False)
         return found
+
+    @staticmethod
+    def forget(root: str, table_id: str) -> None:
+        """Drop what was read of the table's files: the next ``adds`` reads them anew."""
+        with _LOCK:
+            _TABLES.pop((root, table_id), None)
 
     def _snapshot_adds(self, root: str, version: int) -> dict[str, Mapping[str, Any]]:
         """Every add action of ``version``, by path, from the JVM's snapshot state."""
         from pyspark.sql import functions as F
 
         files = self._files(root, version)
+        present = [c for c in ADD_FIELDS if c in files.columns]
+        table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
+        found = [json.loads(text) for text in table.column("add").to_pylist()]
+        return {add["path"]: add for add in found}
+
+    def deletion_vectors(self, root: str, version: int) -> tuple[dict[str, dict[str, Any]], tuple[int, int]]:
+        """The deletion vector descriptors of the files of ``version`` that have one, by the
+        path the log lists, with the version's number of files and their total size (to check
+        against another reader's listing); one Spark job, one row back. (For a table too big
+        to keep its ``adds``.)"""
+        from pyspark.sql import functions as F
+
+        dv = F.col("deletionVector")
+        vector = F.struct(*(dv[f].alias(f) for f in _DV_FIELDS))
+        found = (
+            self._files(root, version)
+            .agg(
+                F.collect_list(F.when(dv.isNotNull(), F.struct("path", F.to_json(vector).alias("dv")))),
+                F.count(F.lit(1)),
+                F.coalesce(F.sum("size"), F.lit(0)),
+            )
+            .collect()[0]
+        )
+        vectors = {row["path"]: json.loads(row["dv"]) for row in found[0]}
+        return vectors, (int(found[1]), int(found[2]))
+
+    def add_actions(self, root: str, version: int, paths: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        """The add actions of the files at ``paths`` in ``version``, by path; one Spark job.
+        (For a table too big to keep its ``adds``.)"""
+        from pyspark.sql import functions as F
+
+        if not paths:
+            return {}
+        import pyarrow as pa
+
+        # From Arrow: a DataFrame built from Python rows costs seconds at ten thousand files.
+        wanted = from_arrow(self._spark, pa.table({"path": sorted(set(paths))}), "path string")
+        files = self._files(root, version).join(wanted, "path", "left_semi")
         present = [c for c in ADD_FIELDS if c in files.columns]
         table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
         found = [json.loads(text) for text in table.column("add").to_pylist()]
@@ -491,11 +538,27 @@ def commit_turn(root: str) -> Iterator[None]:
 
 _OUTPUT_MODES = {"complete": "Complete", "upsert": "Update", "append": "Append"}
 """Spark's output mode (``OutputMode``) a sink mode's epochs are recorded with."""
-_SESSIONS: weakref.WeakKeyDictionary[Any, JvmDelta] = weakref.WeakKeyDictionary()
-"""Each classic session's ``JvmDelta`` (``JvmDelta.of``)."""
-_SESSIONS_LOCK = threading.Lock()
+
+
+class _Checked(NamedTuple):
+    """What a ``JvmDelta`` checked of its JVM."""
+
+    delta: str
+    spark: str
+    stores: dict[str, str]
+
+
+_JVMS: weakref.WeakKeyDictionary[Any, _Checked] = weakref.WeakKeyDictionary()
+"""What was checked of each JVM, by its Python ``SparkContext`` (one a JVM, while it runs)."""
+_TABLES: OrderedDict[tuple[str, str], Adds] = OrderedDict()
+"""The last ``adds`` answer of each table (root and id), the least recently used first."""
+_LOCK = threading.Lock()
 _TABLES_KEPT = 64
-"""Tables whose adds a ``JvmDelta`` keeps (the least recently used go first)."""
+FILES_KEPT = 200_000
+"""The most files a table's kept ``adds`` hold (a few hundred bytes each, their statistics
+most); a bigger table's are asked for each epoch, as needed."""
+_DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")
+"""A deletion vector descriptor's fields in the protocol."""
 
 
 def _usable(spark: Any) -> None:

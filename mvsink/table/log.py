@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from mvsink.errors import MVSinkError
 from mvsink.table import record
+from mvsink.table.delta import unique_id
 
 
 class LogFiles(Protocol):
@@ -125,14 +126,22 @@ class Adds:
         is gone (log cleanup)."""
         if version < self.version or version - self.version > REPLAYED:
             return None
+        if version == self.version:
+            return self
         files = dict(self.by_path)
         for v in range(self.version + 1, version + 1):
             actions = log_actions(log_files, v)
             if actions is None:
                 return None
             for action in actions:
-                if "remove" in action:
-                    files.pop(action["remove"]["path"], None)
+                # A file is its path and its vector (PROTOCOL.md): a remove of another
+                # vector of the path leaves the one held.
+                gone = action.get("remove")
+                if gone is None or gone["path"] not in files:
+                    continue
+                held = files[gone["path"]].get("deletionVector")
+                if unique_id(held) == unique_id(gone.get("deletionVector")):
+                    del files[gone["path"]]
             for action in actions:
                 if "add" in action:
                     add = action["add"]
@@ -146,3 +155,26 @@ class Adds:
     def totals(self) -> tuple[int, int]:
         """The version's number of files and their total size (to check against another reader)."""
         return len(self.by_path), sum(int(a["size"]) for a in self.by_path.values())
+
+    def checksum_problem(self, log_files: LogFiles) -> str | None:
+        """How these adds differ from what the version's checksum file (``.crc``, which the
+        JVM Delta writes with each commit) says of it: its files, bytes, deletion vectors and
+        rows they drop; None when they agree, or there is no such file to ask."""
+        raw = log_files.get(f"_delta_log/{self.version:020}.crc")
+        if raw is None:
+            return None
+        try:
+            crc = json.loads(raw.to_pybytes())
+        except ValueError:
+            return None
+        vectors = self.vectors()
+        mine = {
+            "numFiles": len(self.by_path),
+            "tableSizeBytes": self.totals()[1],
+            "numDeletionVectorsOpt": len(vectors),
+            "numDeletedRecordsOpt": sum(int(v.get("cardinality", 0)) for v in vectors.values()),
+        }
+        differ = {k: (crc[k], v) for k, v in mine.items() if isinstance(crc.get(k), int) and crc[k] != v}
+        if not differ:
+            return None
+        return ", ".join(f"{k} {said} in its checksum, {ours} read" for k, (said, ours) in differ.items())

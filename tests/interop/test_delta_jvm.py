@@ -18,6 +18,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from mvsink import ConfigError, MVSink, UnsupportedTableError, failpoints
@@ -863,7 +864,7 @@ def test_the_adds_read_from_the_log_are_the_jvms_at_every_version_of_deltas_own_
         "REORG TABLE delta.`{t}` APPLY (PURGE)",
     ):
         spark.sql(statement.format(t=target))
-    jvm, log = JvmDelta.of(spark), store(target)
+    jvm, log = JvmDelta(spark), store(target)
     newest = max(versions(target))
 
     def kept(adds: Any) -> dict[str, Any]:
@@ -897,13 +898,57 @@ def test_a_view_on_a_vector_table_stays_exact_when_log_cleanup_took_the_commits_
     sink(spark.sql(view_of.format(tag="")), 0)
     sink(spark.sql(view_of.format(tag="")), 1)
     spark.sql(f"DELETE FROM delta.`{target}` WHERE id % 3 = 0")  # vectors the next epoch repairs
+    spark.sql(f"UPDATE delta.`{target}` SET name = 'u' WHERE id = 1")
     newest = max(versions(target))
-    for version in range(newest):
+    for version in range(newest):  # the DELETE's commit among them
         os.remove(os.path.join(target, "_delta_log", f"{version:020d}.json"))
     report = sink(spark.sql(view_of.format(tag="")), 2)
-    assert report.outcome == "committed" and report.inserted == 17 and report.retracted == 0
+    assert report.outcome == "committed" and report.inserted == 18 and report.retracted == 1
     want = multiset(to_arrow(spark.sql(view_of.format(tag=""))), ["id", "name"])
     assert spark_rows(spark, target, cols=["id", "name"]) == want
+
+
+def test_a_streaming_querys_epochs_carry_the_adds_read_and_check_the_jvm_once(spark, tmp_path):
+    """Under ``foreachBatch`` each batch has a session object of its own: what the engine
+    checked of the JVM is kept by its SparkContext (one entry), and each epoch's adds are
+    carried from the last epoch's (kept for the table, at the version its last epoch read)."""
+    from mvsink.table import jvm_delta
+
+    target = str(tmp_path / "streamed")
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` (id long, name string) USING delta "
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    )
+    source = tmp_path / "in"
+    spark.range(0, 40).selectExpr("id", "concat('n', id) AS name").write.parquet(str(source / "0"))
+    sink = MVSink(target, "s", mode="append", max_rows_per_file=10, heartbeat=0, engine="delta-spark")
+    seen: list[int] = []
+
+    def each(batch: DataFrame, epoch: int) -> None:
+        seen.append(id(batch.sparkSession))
+        sink(batch, epoch)
+
+    jvm_delta.JvmDelta(spark)  # the JVM checked
+    checked = len(jvm_delta._JVMS)
+
+    for part in range(3):
+        if part:
+            rows = spark.range(part * 5, part * 5 + 3).selectExpr("id", f"concat('m{part}', id) AS name")
+            rows.write.parquet(str(source / str(part)))
+        query = (
+            spark.readStream.schema("id long, name string")
+            .parquet(str(source / "*"))
+            .writeStream.foreachBatch(each)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    assert len(seen) >= 2 and len(set(seen)) == len(seen)  # (a session object a batch)
+    assert spark.sparkContext in jvm_delta._JVMS and len(jvm_delta._JVMS) == checked
+    kept = jvm_delta._TABLES[(target, DeltaTable(target).metadata().id)]
+    assert kept.version == max(versions(target)) - 1  # the version the last epoch read
+    assert not kept.vectors() or kept.checksum_problem(store(target)) is None
 
 
 @pytest.mark.parametrize("placement", ["driver", "distributed"])

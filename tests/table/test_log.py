@@ -169,3 +169,38 @@ def test_adds_are_carried_at_most_replayed_commits_forward(tmp_path):
     at0 = Adds.empty().at(store, 0)
     assert at0 is not None
     assert at0.at(store, newest) is not None and at0.at(store, newest).totals() == (newest + 1, newest + 1)  # type: ignore[union-attr]
+
+
+def test_a_remove_of_another_vector_of_a_path_leaves_the_file_held(tmp_path):
+    """A file is its path and its vector: a remove naming the path with a vector the file no
+    longer has removes nothing."""
+    root = str(tmp_path / "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    now = {"storageType": "u", "pathOrInlineDv": "b", "sizeInBytes": 3, "cardinality": 2}
+    _commit_file(root, 0, [{"add": {"path": "f.parquet", "size": 10, "deletionVector": now}}])
+    stale = {**now, "pathOrInlineDv": "a"}
+    _commit_file(root, 1, [{"remove": {"path": "f.parquet", "deletionVector": stale}}])
+    _commit_file(root, 2, [{"remove": {"path": "f.parquet"}}])
+    store = Store(root)
+    assert Adds.empty().at(store, 1).vectors() == {"f.parquet": now}  # type: ignore[union-attr]
+    assert Adds.empty().at(store, 2).vectors() == {"f.parquet": now}  # type: ignore[union-attr]
+
+
+def test_the_checksum_file_says_where_adds_read_do_not_hold(tmp_path):
+    """The JVM Delta's checksum of a version (its files, bytes, vectors and the rows they
+    drop) against the adds read: agreeing, one differing, and none to ask."""
+    root = str(tmp_path / "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    vector = {"storageType": "u", "pathOrInlineDv": "b", "sizeInBytes": 3, "cardinality": 2}
+    _commit_file(root, 0, [{"add": {"path": "f.parquet", "size": 10, "deletionVector": vector}}])
+    store = Store(root)
+    adds = Adds.empty().at(store, 0)
+    assert adds is not None and adds.checksum_problem(store) is None  # no checksum file
+    crc = {"numFiles": 1, "tableSizeBytes": 10, "numDeletionVectorsOpt": 1, "numDeletedRecordsOpt": 2}
+    path = os.path.join(root, "_delta_log", f"{0:020d}.crc")
+    with open(path, "w") as fh:
+        json.dump({**crc, "numMetadata": 1}, fh)
+    assert adds.checksum_problem(store) is None
+    with open(path, "w") as fh:
+        json.dump({**crc, "numDeletedRecordsOpt": 3}, fh)
+    assert adds.checksum_problem(store) == "numDeletedRecordsOpt 3 in its checksum, 2 read"
