@@ -69,13 +69,13 @@ DEL = "__mvsink_delete"
 _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
 _TIED = "__mvsink_tied"
+_DIFFERS = "__mvsink_differs"
 # Timestamps to the microsecond (JSON's default keeps milliseconds: rows a microsecond apart
 # would look equal).
 _EXACT_JSON = {
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
     "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
 }
-_ROW = "__mvsink_row"
 _TI = "__mvsink_touched"
 _SIDE = "__mvsink_side"
 _KIND = "__mvsink_kind"
@@ -126,29 +126,72 @@ class UpsertSpec:
 def prepare(batch: DataFrame, schema: StructType, spec: UpsertSpec, where: Where) -> DataFrame:
     """The batch ranked within each key, cached, and checked (rule 1 of the module doc).
 
+    The pass that caches the batch asks, by key (a hash aggregate, no sort), whether any key
+    comes more than once or any row has a null where it must not: most batches (an update-mode
+    aggregation's, a feed's of distinct keys) have neither, and their rows are each their
+    key's winner as they are. Only a batch that has either is ranked in its keys (a sort) and
+    checked row by row (``_check``).
+
     The caller unpersists it when the epoch ends; retries of the epoch reuse it.
     """
-    ranked = _ranked(batch, schema, spec).persist()
+    columns = [F.col(quote(c)) for c in schema.names]
+    # A null marker is refused by _check; it is never read as "not deleted".
+    deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
+    plain = batch.select(*columns, deleted.alias(DEL), F.lit(1).alias(_RN), F.lit(False).alias(_DIFFERS))
+    plain = plain.persist()
     try:
-        _check(ranked, spec, where)
+        if _plain(plain, spec):
+            return plain
+        ranked = _ranked(plain, schema, spec).persist()
+    except BaseException:
+        release(plain)
+        raise
+    try:
+        _check(ranked, spec, where)  # (a whole pass when nothing is wrong: ranked is cached)
     except BaseException:
         release(ranked)
         raise
+    finally:
+        release(plain)
     return ranked
 
 
-def _ranked(batch: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame:
+def _plain(rows: DataFrame, spec: UpsertSpec) -> bool:
+    """Whether no key of ``rows`` comes more than once and no row has a null key, a null or NaN
+    sequence or a null delete marker (one Spark job)."""
+    keys = [F.col(quote(k)) for k in spec.key]
+    flags = [F.col(quote(k)).isNull() for k in spec.key] + [F.col(DEL).isNull()]
+    if spec.sequence_column:
+        seq = F.col(quote(spec.sequence_column))
+        floating = isinstance(rows.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
+        flags.append(seq.isNull() | F.isnan(seq) if floating else seq.isNull())
+    bad = F.lit(False)
+    for flag in flags:
+        bad = bad | flag
+    odd = rows.groupBy(*keys).agg(F.count(F.lit(1)).alias("n"), F.max(bad).alias("bad"))
+    return not odd.where((F.col("n") > 1) | F.col("bad")).limit(1).collect()
+
+
+def _ranked(rows: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame:
+    """The batch's rows (with ``DEL``), each with its place in its key (``_RN``: 1 for the
+    winner) and whether it ties for the top with a row that differs (``_DIFFERS``), in one
+    pass: the windows share the key's partitioning and order, and only rows that tie are
+    rendered (as JSON, exact: NaN equal to NaN, timestamps to the microsecond) to be compared."""
     keys = [F.col(quote(k)) for k in spec.key]
     seq = F.col(quote(spec.sequence_column)) if spec.sequence_column else None
     w = Window.partitionBy(*keys).orderBy(seq.desc() if seq is not None else F.lit(1))
-    # A null marker is refused by _check; it is never read as "not deleted".
-    deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
-    return batch.select(
-        *[F.col(quote(c)) for c in schema.names],
-        deleted.alias(DEL),
+    peers = w.rangeBetween(Window.currentRow, Window.currentRow)  # the rows of its sequence
+    columns = [F.col(quote(c)) for c in schema.names]
+    placed = rows.select(
+        *columns,
+        F.col(DEL),
         F.row_number().over(w).alias(_RN),
         (F.rank().over(w) if seq is not None else F.lit(1)).alias(_RK),
+        F.count(F.lit(1)).over(peers).alias(_TIED),
     )
+    row = F.when(F.col(_TIED) > 1, F.to_json(F.struct(*columns, F.col(DEL)), _EXACT_JSON))
+    differs = (F.col(_RK) == 1) & (F.min(row).over(peers) != F.max(row).over(peers))
+    return placed.select(*columns, F.col(DEL), F.col(_RN), F.coalesce(differs, F.lit(False)).alias(_DIFFERS))
 
 
 def winning_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
@@ -158,9 +201,10 @@ def winning_rows(ranked: DataFrame, schema: StructType) -> DataFrame:
 
 
 def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
-    """One Spark job finding null keys, null or NaN sequences and duplicate keys. (Spark ranks
-    NaN above every number within a batch, while across batches no comparison with NaN is
-    true: a NaN sequence would order events one way now and another later.)"""
+    """One Spark job (the pass that ranks and caches the batch) finding null keys, null or NaN
+    sequences and keys whose top rows differ. (Spark ranks NaN above every number within a
+    batch, while across batches no comparison with NaN is true: a NaN sequence would order
+    events one way now and another later.)"""
     null_key = F.lit(False)
     for k in spec.key:
         null_key = null_key | F.col(quote(k)).isNull()
@@ -170,10 +214,18 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
         floating = isinstance(ranked.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
         null_seq = seq.isNull() | F.isnan(seq) if floating else seq.isNull()
     null_del = F.col(DEL).isNull()
-    kind = F.when(null_key, "null key").when(null_seq, "null sequence").otherwise("null delete marker")
+    # Rows equal in every column are one event delivered twice; the first of a key's top rows
+    # that differ names the key.
+    differ = F.col(_DIFFERS) & (F.col(_RN) == 1)
+    kind = (
+        F.when(null_key, "null key")
+        .when(null_seq, "null sequence")
+        .when(null_del, "null delete marker")
+        .otherwise("duplicate")
+    )
     keys = [F.col(quote(k)) for k in spec.key]
-    bad = ranked.where(null_key | null_seq | null_del).select(kind.alias("kind"), *keys)
-    found = bad.unionByName(_conflicts(ranked, spec)).limit(20).collect()
+    bad = ranked.where(null_key | null_seq | null_del | differ).select(kind.alias("kind"), *keys)
+    found = bad.limit(20).collect()
     kinds = {r["kind"] for r in found}
     if "null key" in kinds:
         raise InputError(
@@ -200,21 +252,6 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
             else "with different values and no sequence_column to order them"
         )
         raise DuplicateKeyError(f"keys appear more than once in the batch {why}: {shown}", where)
-
-
-def _conflicts(ranked: DataFrame, spec: UpsertSpec) -> DataFrame:
-    """Keys whose rows at the top rank differ (``kind`` "duplicate"): rows equal in every
-    column, as JSON (NaN equal to NaN), are one event delivered twice. Only the tied rows
-    are compared, over the cached batch's own partitioning by key."""
-    keys = [F.col(quote(k)) for k in spec.key]
-    by_key = Window.partitionBy(*keys)
-    top = ranked.where(F.col(_RK) == 1).withColumn(_TIED, F.count(F.lit(1)).over(by_key))
-    columns = [F.col(quote(c)) for c in ranked.columns if c not in (_RN, _RK, _TIED)]
-    as_json = F.to_json(F.struct(*columns), _EXACT_JSON)
-    tied = top.where(F.col(_TIED) > 1).withColumn(_ROW, as_json)
-    differ = (F.min(_ROW).over(by_key) != F.max(_ROW).over(by_key)).alias(_ROW)
-    conflicts = tied.select(F.col(_RN), *keys, differ).where(F.col(_ROW) & (F.col(_RN) == 1))
-    return conflicts.select(F.lit("duplicate").alias("kind"), *keys)
 
 
 class Upsert:
