@@ -70,6 +70,7 @@ _RN = "__mvsink_rn"
 _RK = "__mvsink_rk"
 _TIED = "__mvsink_tied"
 _DIFFERS = "__mvsink_differs"
+_ODD = "__mvsink_odd"
 # Timestamps to the microsecond (JSON's default keeps milliseconds: rows a microsecond apart
 # would look equal).
 _EXACT_JSON = {
@@ -168,8 +169,9 @@ def _plain(rows: DataFrame, spec: UpsertSpec) -> bool:
     bad = F.lit(False)
     for flag in flags:
         bad = bad | flag
-    odd = rows.groupBy(*keys).agg(F.count(F.lit(1)).alias("n"), F.max(bad).alias("bad"))
-    return not odd.where((F.col("n") > 1) | F.col("bad")).limit(1).collect()
+    # One row a key, then one for the batch: one job, whatever the keys are named.
+    odd = rows.groupBy(*keys).agg(((F.count(F.lit(1)) > 1) | F.max(bad)).alias(_ODD))
+    return odd.agg(F.max(F.col(_ODD))).collect()[0][0] is not True
 
 
 def _ranked(rows: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame:

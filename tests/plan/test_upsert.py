@@ -153,6 +153,38 @@ def test_rows_that_tie_below_a_keys_newest_event_are_not_ambiguous(spark, target
     assert rows_of(target) == Counter([(1, "new", 5), (2, "y", 4)])
 
 
+def test_keys_named_as_counts_are_upserted_and_checked(spark, target):
+    # The batch's check groups by the key: a key named like a count must not clash with it.
+    sink = MVSink(target, "named", mode="upsert", key=["n", "bad"])
+    schema = "n long, bad string, x double"
+    sink(spark.createDataFrame([(1, "a", 1.0), (2, "a", 2.0)], schema), 0)
+    sink(spark.createDataFrame([(1, "a", 5.0), (1, "b", 6.0)], schema), 1)
+    assert rows_of(target) == Counter([(1, "a", 5.0), (2, "a", 2.0), (1, "b", 6.0)])
+    with pytest.raises(DuplicateKeyError, match=r"\(2, 'a'\)"):
+        sink(spark.createDataFrame([(2, "a", 7.0), (2, "a", 8.0)], schema), 2)
+    with pytest.raises(InputError, match="null in key"):
+        sink(spark.createDataFrame([(3, None, 1.0)], schema), 2)
+
+
+def test_only_a_batch_with_a_key_twice_or_a_null_is_ranked(spark, target, monkeypatch):
+    # Distinct keys (an update-mode aggregation's batch) are each their key's winner as they
+    # are: the ranking (a sort in each key) runs only for a batch that needs it.
+    from mvsink.plan import upsert
+
+    class Ranked(Exception):
+        pass
+
+    def ranked(*args: object) -> None:
+        raise Ranked
+
+    monkeypatch.setattr(upsert, "_ranked", ranked)
+    sink = MVSink(target, "plain", mode="upsert", key=["id"], sequence_column="seq")
+    assert sink(spark.createDataFrame([(1, "a", 1), (2, "b", 1)], WITH_SEQ), 0).outcome == "committed"
+    for batch in ([(1, "x", 2), (1, "x", 2)], [(3, "c", None)]):
+        with pytest.raises(Ranked):
+            sink(spark.createDataFrame(batch, WITH_SEQ), 1)
+
+
 def test_a_tie_whose_rows_differ_by_a_microsecond_is_refused(spark, local_target, placement):
     import datetime as dt
 
