@@ -322,6 +322,7 @@ class Epoch:
                 self.where,
                 engine=opts.engine,
                 spark=self.ctx.batch.sparkSession,
+                log_files=self.ctx.store,
             )
             self._check_still_ours(snap)
         failpoints.hit("after_snapshot", self.where)

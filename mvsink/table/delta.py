@@ -40,6 +40,8 @@ from mvsink.errors import (
     Where,
     first_line,
 )
+from mvsink.table.log import LogFiles
+from mvsink.table.log import unique_id as unique_id  # (the log's own: a file is its path and vector)
 from mvsink.table.properties import CHANGE_FEED, TRANSACTION_RETENTION, TableProperties
 from mvsink.table.properties import RETENTION as RETENTION  # for plan/tombstones.py
 from mvsink.table.properties import table_retention_us as table_retention_us  # for the readers
@@ -62,16 +64,6 @@ _REFUSED_FEATURES = {
 }
 # ... of which the sink keeps these through the session's JVM Delta (``load_snapshot``).
 _KEPT_THROUGH_THE_JVM = frozenset({"deletion vectors", "column mapping"})
-
-
-def unique_id(descriptor: Mapping[str, Any] | None) -> str | None:
-    """The descriptor's ``uniqueId`` (PROTOCOL.md): with the path, what tells two versions of a
-    data file apart."""
-    if not descriptor:
-        return None
-    base = f"{descriptor['storageType']}{descriptor['pathOrInlineDv']}"
-    offset = descriptor.get("offset")
-    return base if offset is None else f"{base}@{offset}"
 
 
 @dataclass(frozen=True)
@@ -261,12 +253,15 @@ def load_snapshot(
     writing: bool = True,
     engine: str = "auto",
     spark: Any = None,
+    log_files: LogFiles | None = None,
 ) -> Snapshot:
     """Load the latest snapshot of ``target`` and refuse table features mvsink cannot keep.
 
     With ``writing``, also choose what commits to it (``engine``: ``auto``, ``delta-rs`` or
     ``delta-spark``, the JVM Delta of ``spark`` or of the active session) and refuse a table
-    that none of them can write."""
+    that none of them can write. ``log_files`` (the table's storage) lets the session's Delta
+    read which files have deletion vectors from the log's commit files (``log.Adds``);
+    without, it lists them in a Spark job."""
     root = table_root(_path(target, where))
     dt = _open(root, storage_options, where)
     if dt is None:
@@ -281,7 +276,7 @@ def load_snapshot(
     jvm = _engine(root, dt, features, engine, spark, where) if writing else None
     actions = pa.table(dt.get_add_actions(flatten=True))
     reader = _reader(spark, features) if jvm is None else jvm
-    files, rows_known = _files(root, dt, actions, features, reader, storage_options, where)
+    files, rows_known = _files(root, dt, actions, features, reader, log_files, where)
     schema_json = dt.schema().to_json()
     stats = _logical_stats(
         actions.select([c for c in actions.column_names if c.startswith(("min.", "max."))]), schema_json
@@ -336,7 +331,7 @@ def _files(
     actions: pa.Table,
     features: frozenset[str],
     jvm: Any,
-    storage_options: Mapping[str, str],
+    log_files: LogFiles | None,
     where: Where,
 ) -> tuple[tuple[DataFile, ...], bool]:
     """The snapshot's files, and whether their rows are known: delta-rs lists the files but not
@@ -347,7 +342,7 @@ def _files(
     vectors: Mapping[str, Mapping[str, Any]] | None = {}
     if "deletionVectors" in features:
         # Unknown without the session's Delta (``Snapshot.rows_known``).
-        vectors = None if jvm is None else _vectors(root, dt, heads, jvm, storage_options, where)
+        vectors = None if jvm is None else _vectors(root, dt, heads, jvm, log_files, where)
     files = tuple(
         _data_file(row, part_cols, None if vectors is None else vectors.get(row["path"]), where)
         for row in heads
@@ -360,20 +355,23 @@ def _vectors(
     dt: DeltaTable,
     heads: Sequence[Mapping[str, Any]],
     jvm: Any,
-    storage_options: Mapping[str, str],
+    log_files: LogFiles | None,
     where: Where,
 ) -> Mapping[str, Mapping[str, Any]]:
     """The deletion vectors of the version's files, by path, from the log's add actions
     (``JvmDelta.adds``), checked against delta-rs's listing (``heads``: files and bytes) and
     the version's checksum file, if any (vectors and the rows they drop too). What does not
-    agree is read again whole from the session's Delta, once, before it is an error."""
-    from mvsink.table.storage import Store
-
-    log_files, table_id, version = Store(root, storage_options), str(dt.metadata().id), dt.version()
+    agree is read again whole from the session's Delta, once, before it is an error. Without
+    ``log_files``, the session's Delta lists them (one Spark job)."""
+    table_id, version = str(dt.metadata().id), dt.version()
     mine = (len(heads), sum(int(row["size_bytes"]) for row in heads))
     problem = ""
     for fresh in (False, True):
-        held = jvm.adds(root, table_id, version, log_files, len(heads), fresh=fresh)
+        held = (
+            None
+            if log_files is None
+            else jvm.adds(root, table_id, version, log_files, len(heads), fresh=fresh)
+        )
         if held is None:  # too many files to keep: the session's Delta lists the vectors
             vectors, listed = jvm.deletion_vectors(root, version)
             problem = "" if listed == mine else f"files and bytes: {listed} and {mine}"

@@ -14,7 +14,6 @@ import pyarrow as pa
 
 from mvsink.errors import MVSinkError
 from mvsink.table import record
-from mvsink.table.delta import unique_id
 
 
 class LogFiles(Protocol):
@@ -69,6 +68,16 @@ def log_actions(log_files: LogFiles, version: int) -> list[dict[str, Any]] | Non
     if raw is None:
         return None
     return [json.loads(line) for line in raw.to_pybytes().decode().splitlines() if line.strip()]
+
+
+def unique_id(descriptor: Mapping[str, Any] | None) -> str | None:
+    """The descriptor's ``uniqueId`` (PROTOCOL.md): with the path, what tells two versions of a
+    data file apart."""
+    if not descriptor:
+        return None
+    base = f"{descriptor['storageType']}{descriptor['pathOrInlineDv']}"
+    offset = descriptor.get("offset")
+    return base if offset is None else f"{base}@{offset}"
 
 
 def _log_file(version: int) -> str:
