@@ -76,9 +76,10 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 class JvmDelta:
     """The JVM Delta of one classic Spark session (a ``foreachBatch`` call gets a session
-    object of its own each batch). What it checks of the JVM (the Delta and Spark pair, each
-    scheme's log store) is kept for the JVM's life (``_JVMS``), what it read of a table's
-    files for the table's (``_TABLES``)."""
+    object of its own each batch). The Delta and Spark versions it reads of the JVM are kept
+    for the JVM's life (``_JVMS``), what it read of a table's files for the table's
+    (``_TABLES``); each instance asks for the log store anew (a store set in the JVM's
+    startup conf after it started is Delta's too)."""
 
     def __init__(self, spark: Any) -> None:
         _usable(spark)
@@ -96,14 +97,14 @@ class JvmDelta:
                     "the delta-spark engine needs Delta in the Spark session (delta-spark's jars, "
                     "'spark.sql.extensions' = io.delta.sql.DeltaSparkSessionExtension)"
                 ) from None
-            checked = _Checked(version, str(jspark.version()), {})
+            checked = _Checked(version, str(jspark.version()))
             with _LOCK:
                 _JVMS[spark.sparkContext] = checked
         self.version = checked.delta
         self.spark_version = checked.spark
         """The session's Spark, as its JVM reports it (PySpark's own version may differ)."""
-        self._stores = checked.stores
-        """``check_store``'s verdicts by URI scheme (the JVM's store conf is fixed at its start)."""
+        self._stores: dict[str, str] = {}
+        """``check_store``'s verdicts by URI scheme, for this instance's life (an epoch's)."""
         problem = pair_problem(self.version, self.spark_version)
         if problem is not None:
             raise EngineUnavailable(problem)
@@ -541,11 +542,10 @@ _OUTPUT_MODES = {"complete": "Complete", "upsert": "Update", "append": "Append"}
 
 
 class _Checked(NamedTuple):
-    """What a ``JvmDelta`` checked of its JVM."""
+    """The versions a ``JvmDelta`` read of its JVM (fixed while it runs)."""
 
     delta: str
     spark: str
-    stores: dict[str, str]
 
 
 _JVMS: weakref.WeakKeyDictionary[Any, _Checked] = weakref.WeakKeyDictionary()
