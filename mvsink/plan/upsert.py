@@ -163,15 +163,20 @@ def _plain(rows: DataFrame, spec: UpsertSpec) -> bool:
     keys = [F.col(quote(k)) for k in spec.key]
     flags = [F.col(quote(k)).isNull() for k in spec.key] + [F.col(DEL).isNull()]
     if spec.sequence_column:
-        seq = F.col(quote(spec.sequence_column))
-        floating = isinstance(rows.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
-        flags.append(seq.isNull() | F.isnan(seq) if floating else seq.isNull())
+        flags.append(_null_sequence(rows, spec.sequence_column))
     bad = F.lit(False)
     for flag in flags:
         bad = bad | flag
     # One row a key, then one for the batch: one job, whatever the keys are named.
     odd = rows.groupBy(*keys).agg(((F.count(F.lit(1)) > 1) | F.max(bad)).alias(_ODD))
     return odd.agg(F.max(F.col(_ODD))).collect()[0][0] is not True
+
+
+def _null_sequence(rows: DataFrame, column: str) -> Column:
+    """A row's sequence is null, or NaN (which orders no event: see ``_check``)."""
+    seq = F.col(quote(column))
+    floating = isinstance(rows.schema[column].dataType, (FloatType, DoubleType))
+    return seq.isNull() | F.isnan(seq) if floating else seq.isNull()
 
 
 def _ranked(rows: DataFrame, schema: StructType, spec: UpsertSpec) -> DataFrame:
@@ -210,11 +215,7 @@ def _check(ranked: DataFrame, spec: UpsertSpec, where: Where) -> None:
     null_key = F.lit(False)
     for k in spec.key:
         null_key = null_key | F.col(quote(k)).isNull()
-    null_seq = F.lit(False)
-    if spec.sequence_column:
-        seq = F.col(quote(spec.sequence_column))
-        floating = isinstance(ranked.schema[spec.sequence_column].dataType, (FloatType, DoubleType))
-        null_seq = seq.isNull() | F.isnan(seq) if floating else seq.isNull()
+    null_seq = _null_sequence(ranked, spec.sequence_column) if spec.sequence_column else F.lit(False)
     null_del = F.col(DEL).isNull()
     # Rows equal in every column are one event delivered twice; the first of a key's top rows
     # that differ names the key.

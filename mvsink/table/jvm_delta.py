@@ -269,13 +269,8 @@ class JvmDelta:
 
     def _snapshot_adds(self, root: str, version: int) -> dict[str, Mapping[str, Any]]:
         """Every add action of ``version``, by path, from the JVM's snapshot state."""
-        from pyspark.sql import functions as F
 
-        files = self._files(root, version)
-        present = [c for c in ADD_FIELDS if c in files.columns]
-        table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
-        found = [json.loads(text) for text in table.column("add").to_pylist()]
-        return {add["path"]: add for add in found}
+        return _by_path(self._files(root, version))
 
     def deletion_vectors(self, root: str, version: int) -> tuple[dict[str, dict[str, Any]], tuple[int, int]]:
         """The deletion vector descriptors of the files of ``version`` that have one, by the
@@ -301,7 +296,6 @@ class JvmDelta:
     def add_actions(self, root: str, version: int, paths: Sequence[str]) -> dict[str, Mapping[str, Any]]:
         """The add actions of the files at ``paths`` in ``version``, by path; one Spark job.
         (For a table too big to keep its ``adds``.)"""
-        from pyspark.sql import functions as F
 
         if not paths:
             return {}
@@ -309,11 +303,7 @@ class JvmDelta:
 
         # From Arrow: a DataFrame built from Python rows costs seconds at ten thousand files.
         wanted = from_arrow(self._spark, pa.table({"path": sorted(set(paths))}), "path string")
-        files = self._files(root, version).join(wanted, "path", "left_semi")
-        present = [c for c in ADD_FIELDS if c in files.columns]
-        table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
-        found = [json.loads(text) for text in table.column("add").to_pylist()]
-        return {add["path"]: add for add in found}
+        return _by_path(self._files(root, version).join(wanted, "path", "left_semi"))
 
     def _operation(self, tags: Mapping[str, str]) -> Any:
         """The Delta operation a commit records: a sink's epoch as Delta's own streaming sink
@@ -559,6 +549,16 @@ FILES_KEPT = 200_000
 most); a bigger table's are asked for each epoch, as needed."""
 _DV_FIELDS = ("storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality")
 """A deletion vector descriptor's fields in the protocol."""
+
+
+def _by_path(files: Any) -> dict[str, Mapping[str, Any]]:
+    """The add actions of a frame of the JVM snapshot's files (``ADD_FIELDS``), by path."""
+    from pyspark.sql import functions as F
+
+    present = [c for c in ADD_FIELDS if c in files.columns]
+    table = to_arrow(files.select(F.to_json(F.struct(*present)).alias("add")))
+    found = [json.loads(text) for text in table.column("add").to_pylist()]
+    return {add["path"]: add for add in found}
 
 
 def _usable(spark: Any) -> None:
