@@ -12,6 +12,9 @@ Views (``--views``):
 
 * ``orders``: per order (1.5M groups at SF 1), a few % of groups change per file;
 * ``parts``: per part (200K groups at SF 1), most groups change per file;
+* ``customers``: a join view, the stream joined with the static ``orders`` table on the order
+  key, per customer (100K groups at SF 1: a third of customers place no order), ~75% change per
+  file;
 * ``flags``: per return flag and line status (4 groups), all change.
 
 Systems (and ``floor``, the same query into a ``noop`` sink: the query's own cost):
@@ -24,7 +27,7 @@ Systems (and ``floor``, the same query into a ``noop`` sink: the query's own cos
 Runs in the Delta line's virtualenv (PySpark 4.2 and the JVM Delta, ``make test`` makes it):
 
     MVSINK_DELTA_JARS=../shared/delta-jvm/jars .venv-delta/bin/python bench/tpch_stream.py \\
-        --sf 1 --parts 12 --views orders,parts,flags
+        --sf 1 --parts 12 --views orders,parts,customers,flags
 """
 
 from __future__ import annotations
@@ -64,6 +67,14 @@ VIEWS: dict[str, tuple[tuple[str, ...], Callable[[], list[Column]]]] = {
         ("l_partkey",),
         lambda: [F.sum("l_quantity").alias("quantity"), F.avg("l_discount").alias("discount")],
     ),
+    "customers": (
+        ("o_custkey",),
+        lambda: [
+            F.sum("l_extendedprice").alias("revenue"),
+            F.count(F.lit(1)).alias("lines"),
+            F.max("o_orderdate").alias("last_order"),
+        ],
+    ),
     "flags": (
         ("l_returnflag", "l_linestatus"),
         lambda: [F.sum("l_quantity").alias("quantity"), F.count(F.lit(1)).alias("lines")],
@@ -71,40 +82,55 @@ VIEWS: dict[str, tuple[tuple[str, ...], Callable[[], list[Column]]]] = {
 }
 
 
+# A view joined with a static TPC-H table: the table and the join's keys (stream side, static side).
+JOINS: dict[str, tuple[str, str, str]] = {"customers": ("orders", "l_orderkey", "o_orderkey")}
+
+
 def generate(sf: float, parts: int) -> Path:
-    """``lineitem`` at ``sf`` in ``parts`` Parquet files (made once, then reused)."""
+    """``lineitem`` (and the static ``orders``) at ``sf`` in ``parts`` Parquet files each, made
+    once, then reused."""
     folder = OUT / f"tpch-sf{sf:g}-{parts}"
-    files = folder / "lineitem"
-    if not (files.exists() and len(list(files.glob("*.parquet"))) == parts):
-        shutil.rmtree(folder, ignore_errors=True)
-        cli = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
-        if not os.path.exists(cli):
-            sys.exit("tpchgen-cli is not installed: pip install tpchgen-cli")
-        subprocess.run(
-            [
-                cli,
-                "parquet",
-                "-s",
-                f"{sf:g}",
-                "--tables=lineitem",
-                f"--parts={parts}",
-                f"--output-dir={folder}",
-            ],
-            check=True,
-        )
-    return files
+    for table in ("lineitem", "orders"):
+        files = folder / table
+        if not (files.exists() and len(list(files.glob("*.parquet"))) == parts):
+            shutil.rmtree(files, ignore_errors=True)
+            cli = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
+            if not os.path.exists(cli):
+                sys.exit("tpchgen-cli is not installed: pip install tpchgen-cli")
+            subprocess.run(
+                [
+                    cli,
+                    "parquet",
+                    "-s",
+                    f"{sf:g}",
+                    f"--tables={table}",
+                    f"--parts={parts}",
+                    f"--output-dir={folder}",
+                ],
+                check=True,
+            )
+    return folder / "lineitem"
+
+
+def joined(spark: SparkSession, files: Path, view: str, lines: DataFrame) -> DataFrame:
+    """``lines`` joined with the view's static table, if it has one (a stream-static inner join)."""
+    if view not in JOINS:
+        return lines
+    table, ours, theirs = JOINS[view]
+    static = spark.read.parquet(str(files.parent / table))
+    return lines.join(static, F.col(ours) == F.col(theirs))
 
 
 def stream(spark: SparkSession, files: Path, view: str) -> DataFrame:
     schema = spark.read.parquet(str(files)).schema
     src = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(files))
     key, aggs = VIEWS[view]
-    return src.groupBy(*key).agg(*aggs())
+    return joined(spark, files, view, src).groupBy(*key).agg(*aggs())
 
 
 def desired(spark: SparkSession, files: Path, view: str) -> DataFrame:
     key, aggs = VIEWS[view]
-    return spark.read.parquet(str(files)).groupBy(*key).agg(*aggs())
+    return joined(spark, files, view, spark.read.parquet(str(files))).groupBy(*key).agg(*aggs())
 
 
 def run(writer: Any) -> float:
@@ -178,7 +204,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=1.0)
     parser.add_argument("--parts", type=int, default=12)
-    parser.add_argument("--views", default="orders,parts,flags")
+    parser.add_argument("--views", default="orders,parts,customers,flags")
     parser.add_argument("--modes", default="complete,update")
     parser.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds (order reversed each round), fastest kept"
