@@ -147,13 +147,24 @@ class View:
     # --- what an epoch may do -------------------------------------------------------------
 
     def expect(
-        self, sink: Sink, epoch: int, batch: Sequence[Row], *, refused: type[Exception] | None = None
+        self,
+        sink: Sink,
+        epoch: int,
+        batch: Sequence[Row],
+        *,
+        refused: type[Exception] | None = None,
+        judged_by: Shape | None = None,
     ) -> list[Expect]:
         """Every answer the docs allow for ``sink`` running ``epoch`` with ``batch``;
-        ``refused``: the error the sink's options make it raise instead of writing."""
+        ``refused``: the error the sink's options make it raise instead of writing;
+        ``judged_by``: the shape the sink's own options give the batch (a sink redeployed with
+        another key checks the batch by that key: a standby plans by it)."""
         answers = [self._outcomes(a, epoch, batch) for a in self.decide(sink, epoch)]
-        bad = refused or self.problem(batch)
-        if bad is None:
+        bads = [refused] if refused else []
+        if refused is None or judged_by is not None:
+            problem = self.problem(batch, judged_by)
+            bads += [problem] if problem else []
+        if not bads:
             return answers
         # Bad input raises before anything is written; an epoch that writes nothing anyway may
         # say so instead (the docs do not order the checks), and so may a standby, which plans.
@@ -161,7 +172,7 @@ class View:
         for a in answers:
             if a.kind != "commit":
                 out.append(a)
-            out.append(_error(bad, "bad input"))
+            out += [_error(bad, "bad input") for bad in bads]
         return out
 
     def decide(self, sink: Sink, epoch: int) -> list[Expect]:
@@ -243,9 +254,10 @@ class View:
             return Expect("commit", frozenset({"unchanged", "committed"}), why=why + ", a beat may be due")
         return Expect("commit", frozenset({"committed"}), why=why + ", a heartbeat is due")
 
-    def problem(self, batch: Sequence[Row]) -> type[Exception] | None:
-        """The error bad input raises (modes.md), or None for a well-formed batch."""
-        shape = self.shape
+    def problem(self, batch: Sequence[Row], shape: Shape | None = None) -> type[Exception] | None:
+        """The error bad input raises (modes.md), or None for a well-formed batch, judged by
+        ``shape`` (by default the view's)."""
+        shape = shape or self.shape
         if shape.partitioned and any(r[2] == "" for r in batch):
             return InputError  # an empty string cannot be told from null in a partition
         if shape.mode != "upsert":
