@@ -26,11 +26,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.compat import logical_plan, release
+from mvsink.compat import KEEP, logical_plan, release
 from mvsink.epoch.clock import (
     RecordedOffsets,
     committed_offsets,
@@ -205,7 +204,7 @@ def verify(
         "the --sql query, or give the job file the view runs (--job).",
     )
     layout = Layout(snap.schema_json, target_struct(snap.schema_json), snap.partition_by)
-    want = with_fingerprints(desired, layout).persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once
+    want = with_fingerprints(desired, layout).persist(KEEP)  # evaluated once
     fp = [FP_A, FP_B]
     spark = desired.sparkSession
     have = stored_rows(spark, snap, Store(snap.root, options), layout) if snap.files else None
@@ -213,7 +212,7 @@ def verify(
     if have is not None:
         held = have.groupBy(*fp).agg(F.count(F.lit(1)).alias("t")).withColumn("d", F.lit(0))
         counts = counts.unionByName(held).groupBy(*fp).agg(F.sum("d").alias("d"), F.sum("t").alias("t"))
-    counts = counts.withColumn("n", F.col("d") - F.col("t")).cache()
+    counts = counts.withColumn("n", F.col("d") - F.col("t")).persist(KEEP)
     try:
         result = _compare(snap, name, target, want, have, counts, sample)
         if name and snap.files:

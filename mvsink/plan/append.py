@@ -9,11 +9,10 @@ block again.
 
 from __future__ import annotations
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.compat import release
+from mvsink.compat import KEEP, release
 from mvsink.plan.context import EpochContext
 from mvsink.plan.rules import checked, rules_for
 from mvsink.table.delta import Snapshot
@@ -33,7 +32,7 @@ class Append:
         rules = rules_for(snap, self.ctx.opts, self.ctx.where)
         rows = self.cached or self.ctx.batch
         if rules and self.cached is None:
-            self.cached = rows = self.ctx.batch.persist(StorageLevel.MEMORY_AND_DISK)
+            self.cached = rows = self.ctx.batch.persist(KEEP)
         self.ctx.enforce(rows, rules)
         return Plan(checked(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), rules), None)
 

@@ -39,11 +39,10 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from mvsink.compat import from_arrow, release
+from mvsink.compat import KEEP, from_arrow, release
 from mvsink.plan.context import EpochContext, give_back_memory, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
@@ -167,7 +166,7 @@ class Complete:
                 self.ours = not (level.useMemory or level.useDisk)
                 if self.ours:
                     lanes = spark_lanes(layout.struct)
-                    self.cached = batch.select("*", *lanes).persist(StorageLevel.MEMORY_AND_DISK)
+                    self.cached = batch.select("*", *lanes).persist(KEEP)
                     columns = [quote(c) for c in layout.struct.names]
                     self.hashed = (layout, self.cached.select(*columns, FP_A, FP_B))
                 else:

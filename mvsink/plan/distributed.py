@@ -41,12 +41,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from mvsink.compat import from_arrow, release, to_arrow
+from mvsink.compat import KEEP, from_arrow, release, to_arrow
 from mvsink.errors import InvariantViolation
 from mvsink.plan.context import ResultLimit, long_row_bytes
 from mvsink.table.delta import Snapshot
@@ -366,7 +365,7 @@ def _in_buckets(
     if buckets.mean() > 0.5:  # a filter that keeps most rows costs more than it saves
         return desired, persisted_rows(spark, snap, index, layout)
     # Kept for the epoch: a small share of the table, read twice (the counts, the retractions).
-    persisted = persisted_rows(spark, snap, index, layout, buckets).persist(StorageLevel.MEMORY_AND_DISK)
+    persisted = persisted_rows(spark, snap, index, layout, buckets).persist(KEEP)
     held.append(persisted)
     numbers = pa.table({_BUCKET: pa.array(np.flatnonzero(buckets).astype(np.int64))})
     # Bounded: fewer numbers than the sketch's buckets, which ``sketch_bits`` fits.
@@ -397,7 +396,7 @@ def _exact(
         .agg(F.sum(_D).alias(_D), F.sum(_P).alias(_P))
         .where(F.col(_D) != F.col(_P))
     )
-    groups = counted.persist(StorageLevel.MEMORY_AND_DISK)
+    groups = counted.persist(KEEP)
     held.append(groups)
     totals = groups.agg(
         F.sum(F.greatest(F.col(_D) - F.col(_P), F.lit(0))).alias("inserted"),

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
+from mvsink.compat import KEEP
 from mvsink.config import SinkOptions
 from mvsink.errors import ConfigError, Where, first_line
 from mvsink.plan.rules import RULE, Rules, rules_for
@@ -99,7 +100,7 @@ class Quarantine:
         """``(marked, ok rows, error rows)``; ``marked`` is cached: unpersist it after."""
         snap = load_snapshot(opts.target, opts.app_id, opts.storage_options, where)
         rules: Rules = rules_for(snap, opts, where)
-        marked = batch.select("*", rules.broken()).persist()
+        marked = batch.select("*", rules.broken()).persist(KEEP)
         ok = marked.where(F.col(RULE).isNull()).drop(RULE)
         bad = marked.where(F.col(RULE).isNotNull()).withColumnRenamed(RULE, ERROR_RULE)
         return marked, ok, bad

@@ -29,7 +29,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -46,7 +45,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mvsink.compat import map_in_arrow, release
+from mvsink.compat import KEEP, map_in_arrow, release
 from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
@@ -139,11 +138,11 @@ def prepare(batch: DataFrame, schema: StructType, spec: UpsertSpec, where: Where
     # A null marker is refused by _check; it is never read as "not deleted".
     deleted = F.col(quote(spec.delete_column)) if spec.delete_column else F.lit(False)
     plain = batch.select(*columns, deleted.alias(DEL), F.lit(1).alias(_RN), F.lit(False).alias(_DIFFERS))
-    plain = plain.persist()
+    plain = plain.persist(KEEP)
     try:
         if _plain(plain, spec):
             return plain
-        ranked = _ranked(plain, schema, spec).persist()
+        ranked = _ranked(plain, schema, spec).persist(KEEP)
     except BaseException:
         release(plain)
         raise
@@ -414,7 +413,7 @@ class Upsert:
         keys = [F.col(quote(k)) for k in spec.key]
         decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
         decided = map_in_arrow(both.repartition(*keys).sortWithinPartitions(*keys), decider, out)
-        decided = decided.persist(StorageLevel.MEMORY_AND_DISK)
+        decided = decided.persist(KEEP)
         self.attempt.append(decided)
         with ctx.phase("diff"):
             try:
