@@ -31,7 +31,10 @@ class Append:
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         rules = rules_for(snap, self.ctx.opts, self.ctx.where)
         rows = self.cached or self.ctx.batch
-        if rules and self.cached is None:
+        level = rows.storageLevel
+        # Checked, then written: cached for the two passes, unless the caller cached it (Spark
+        # keys a cache by plan: releasing ours would release the caller's).
+        if rules and self.cached is None and not (level.useMemory or level.useDisk):
             self.cached = rows = self.ctx.batch.persist(KEEP)
         self.ctx.enforce(rows, rules)
         return Plan(checked(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), rules), None)

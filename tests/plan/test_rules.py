@@ -73,6 +73,26 @@ def test_upsert_and_append_modes_enforce_the_rules_too(spark, target, tmp_path):
     assert multiset(target_table(other)) == multiset(target_table(other))  # still readable
 
 
+def test_append_checks_a_batch_the_caller_cached_and_leaves_it_cached(spark, target):
+    """With rules, append caches the batch to check and write the same rows, unless the caller
+    cached it: Spark keys a cache by plan, so releasing its own would release the caller's."""
+    strict_table(target)
+    append = MVSink(target, "a", mode="append")
+    batch = spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA).cache()
+    batch.count()
+    cached = spark.sparkContext._jsc.sc().getPersistentRDDs().size()  # other tests' too
+    assert append(batch, 0).inserted == 2
+    assert batch.storageLevel.useMemory
+    assert spark.sparkContext._jsc.sc().getPersistentRDDs().size() == cached
+    bad = spark.createDataFrame([(None, "x", 1.0)], SCHEMA).cache()
+    with pytest.raises(InputError, match="NOT NULL id"):
+        append(bad, 1)
+    assert bad.storageLevel.useMemory
+    bad.unpersist()
+    batch.unpersist()
+    assert_equal_to(target, spark.createDataFrame([(1, "a", 1.0), (2, "b", 2.0)], SCHEMA))
+
+
 def test_a_nested_not_null_field_is_enforced(spark, target):
     inner = {"type": "struct", "fields": [{"name": "v", "type": "long", "nullable": False, "metadata": {}}]}
     schema = {
