@@ -160,11 +160,11 @@ class View:
         ``judged_by``: the shape the sink's own options give the batch (a sink redeployed with
         another key checks the batch by that key: a standby plans by it)."""
         answers = [self._outcomes(a, epoch, batch) for a in self.decide(sink, epoch)]
-        bads = [refused] if refused else []
-        if refused is None or judged_by is not None:
-            problem = self.problem(batch, judged_by)
-            bads += [problem] if problem else []
-        if not bads:
+        bad = refused or self.problem(batch)
+        # A standby plans by its own options: the batch is bad input by them (a sink redeployed
+        # with another key checks its batch by that key), whatever else refuses it.
+        planned = self.problem(batch, judged_by) if judged_by is not None else None
+        if bad is None and planned is None:
             return answers
         # Bad input raises before anything is written; an epoch that writes nothing anyway may
         # say so instead (the docs do not order the checks), and so may a standby, which plans.
@@ -172,7 +172,10 @@ class View:
         for a in answers:
             if a.kind != "commit":
                 out.append(a)
-            out += [_error(bad, "bad input") for bad in bads]
+            if bad is not None:
+                out.append(_error(bad, "bad input"))
+            if planned is not None and a.kind == "skip" and "read_only" in a.outcomes:
+                out.append(_error(planned, "bad input by the standby's own options"))
         return out
 
     def decide(self, sink: Sink, epoch: int) -> list[Expect]:
