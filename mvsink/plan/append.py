@@ -2,9 +2,9 @@
 
 Nothing is read or compared: Spark tasks write the batch as is (``tasks.write_frame``), and
 the commit's frontier makes a replayed epoch write nothing. When the target has rules (NOT
-NULL, CHECK), the batch is cached first, so the rows checked are the rows written; the write
-tasks check the rows they write again (``rules.checked``), should Spark compute a lost cache
-block again.
+NULL, CHECK), the batch is cached first (unless the caller cached it), so the rows checked are
+the rows written; the write tasks check the rows they write again (``rules.checked``), should
+Spark compute a lost cache block again.
 """
 
 from __future__ import annotations
