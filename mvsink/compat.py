@@ -143,7 +143,7 @@ KEEP = StorageLevel.MEMORY_AND_DISK_DESER
 ``DataFrame.cache()`` does, columnar batches kept as built, spilled to disk when memory runs
 short. The serialized level (``MEMORY_AND_DISK``) holds the same bytes but serializes every
 batch in and out: filling a 20M-row frame with its fingerprints took 19.3-21.7 s against
-14.8-17.4 s, and a scan of it 0.7-1.1 s against 0.3-0.7 s (issue 55)."""
+14.8-17.4 s here, and a scan of it 0.7-1.1 s against 0.3-0.7 s (issue 55)."""
 
 
 def release(*frames: Any) -> None:
