@@ -146,6 +146,13 @@ batch in and out: filling a 20M-row frame with its fingerprints took 19.3-21.7 s
 14.8-17.4 s here, and a scan of it 0.7-1.1 s against 0.3-0.7 s (issue 55)."""
 
 
+def cached(frame: Any) -> bool:
+    """Whether ``frame`` is cached already (by its caller): the sink then uses it as it is and
+    never releases it, since Spark keys a cache by plan and releasing one would release both."""
+    level = frame.storageLevel
+    return bool(level.useMemory or level.useDisk)
+
+
 def release(*frames: Any) -> None:
     """Unpersist cached frames, best-effort. By the time a frame is released the epoch's
     outcome is decided (or an error is on its way up): a failure here (the query's thread

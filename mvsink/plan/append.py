@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.compat import KEEP, release
+from mvsink.compat import KEEP, cached, release
 from mvsink.plan.context import EpochContext
 from mvsink.plan.rules import checked, rules_for
 from mvsink.table.delta import Snapshot
@@ -31,10 +31,8 @@ class Append:
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         rules = rules_for(snap, self.ctx.opts, self.ctx.where)
         rows = self.cached or self.ctx.batch
-        level = rows.storageLevel
-        # Checked, then written: cached for the two passes, unless the caller cached it (Spark
-        # keys a cache by plan: releasing ours would release the caller's).
-        if rules and self.cached is None and not (level.useMemory or level.useDisk):
+        # Checked, then written: cached for the two passes, unless the caller cached it.
+        if rules and self.cached is None and not cached(rows):
             self.cached = rows = self.ctx.batch.persist(KEEP)
         self.ctx.enforce(rows, rules)
         return Plan(checked(rows.select(*[F.col(quote(c)) for c in layout.struct.names]), rules), None)

@@ -42,7 +42,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from mvsink.compat import KEEP, from_arrow, release
+from mvsink.compat import KEEP, cached, from_arrow, release
 from mvsink.plan.context import EpochContext, give_back_memory, long_row_bytes
 from mvsink.plan.correction import Correction, diff
 from mvsink.plan.distributed import SparkCorrection, correction, with_fingerprints
@@ -162,8 +162,7 @@ class Complete:
                 self.fps = None
             if self.cached is None:
                 batch = self.ctx.batch
-                level = batch.storageLevel
-                self.ours = not (level.useMemory or level.useDisk)
+                self.ours = not cached(batch)
                 if self.ours:
                     lanes = spark_lanes(layout.struct)
                     self.cached = batch.select("*", *lanes).persist(KEEP)
