@@ -606,6 +606,9 @@ class SinkModel(RuleBasedStateMachine):
         else:
             handle.sink.promote()
             handle.model.read_only = False
+            # A sink made again from its options (a restart, a redeployment) is the promoted
+            # one, as a deployment promoted this way would run on: not read-only.
+            handle.options["read_only"] = False
         assert len(self._versions()) == len(before) + 1
         view.promote(writer)
 
