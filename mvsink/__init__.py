@@ -8,6 +8,7 @@ from mvsink.errors import (
     ConfigError,
     ConflictError,
     DuplicateKeyError,
+    HistoryBehindError,
     IdentityChangedError,
     InputError,
     InvariantViolation,
@@ -20,6 +21,7 @@ from mvsink.errors import (
     TableHeldError,
     UnsupportedTableError,
 )
+from mvsink.ops.history import as_of
 from mvsink.ops.promote import frontier, promote
 from mvsink.ops.status import Status, status
 from mvsink.ops.vacuum import Vacuum, vacuum
@@ -34,6 +36,7 @@ __all__ = [
     "ConflictError",
     "DuplicateKeyError",
     "EpochReport",
+    "HistoryBehindError",
     "IdentityChangedError",
     "InputError",
     "InvariantViolation",
@@ -52,6 +55,7 @@ __all__ = [
     "Vacuum",
     "Verification",
     "__version__",
+    "as_of",
     "frontier",
     "promote",
     "status",

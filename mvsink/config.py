@@ -198,6 +198,11 @@ class SinkOptions(_Frozen):
     metrics_table: str | None = None
     """A Delta table that gets one row per committed epoch of the view, exactly once
     (``metrics.py``), on the target's store (same ``storage_options``)."""
+    history_target: str | None = None
+    """A second Delta table (a path or URI, on the target's store) that keeps the view's
+    history: every row's lifetimes, with ``valid_from`` and ``valid_to`` (``history/``). Every
+    commit of the view is followed by the history's, which the next epoch completes if it is
+    missing. Complete and append mode. None: no history."""
     compact_every: int | None = Field(None, ge=1)
     """Merge small files (``compact.py``) after a committed epoch once this many epochs passed
     since the last compaction (the table records its frontier); its own
@@ -330,7 +335,12 @@ class SinkOptions(_Frozen):
             )
         if self.errors_target is not None and self.on_error != "table":
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
-        for option in ("errors_target", "metrics_table"):
+        if self.history_target is not None and self.mode == "upsert":
+            raise ValueError(
+                "option 'history_target': upsert mode keeps no history yet (its late events and "
+                "tombstones are not lifetimes of the view's rows): complete and append mode do"
+            )
+        for option in ("errors_target", "metrics_table", "history_target"):
             other = getattr(self, option)
             if other is not None and not is_path(other):
                 raise ValueError(f"option {option!r}: {other!r} must be a path or URI (not a table name)")

@@ -27,6 +27,8 @@ Every error is an ``MVSinkError`` and says which view, target and epoch it conce
     │                                        whether it landed: the next epoch resolves it
     ├── CommitReplacedError                  a commit this sink reported was replaced in the
     │                                        log by another writer's: an unsafe writer pair
+    ├── HistoryBehindError                   as_of: the view's history does not hold that time
+    │                                        or version (yet, or any longer)
     └── InvariantViolation                   a check that must never fail did: a bug, report it
         └── CorruptDeletionVector            a deletion vector's bytes are not what the log says
 
@@ -162,6 +164,11 @@ class CommitReplacedError(MVSinkError):
     the sink's next epoch, before it stages anything; that epoch is not run. The rows of the
     replaced epoch are not in the table: complete mode repairs them at the next epoch; upsert
     and append mode need that epoch's input again (replay it from the source)."""
+
+
+class HistoryBehindError(MVSinkError):
+    """A view's history does not hold the time or version asked for: not yet (the view's next
+    version is committed, its history's not yet), or no longer (before the history began)."""
 
 
 class InvariantViolation(MVSinkError):

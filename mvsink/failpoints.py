@@ -36,6 +36,9 @@ The points (``POINTS``) and what failing there proves:
   again and finds it reflected (a replay).
 * ``metrics_before_commit``: the metrics table's append, before its commit call
   (``ops/metrics.record``).
+* ``history_before_commit``: a history commit's files are staged, its commit not made
+  (``history/keep.py``); called with the history's snapshot (tests land a replica's history
+  commit in that window: this one must lose, and its files go).
 * ``write_task``, ``rewrite_task``: inside Spark tasks that stage files. Tasks do not know
   their view: these points are armed for every view (``armed`` refuses a ``view`` for them).
 """
@@ -58,6 +61,7 @@ POINTS = (
     "after_commit_call",
     "after_commit",
     "metrics_before_commit",
+    "history_before_commit",
     "write_task",
     "rewrite_task",
 )

@@ -9,6 +9,7 @@ import pickle
 import pytest
 from deltalake import DeltaTable
 
+import mvsink
 from mvsink import DuplicateKeyError, MVSink, frontier
 from mvsink.compat import SPARK_LINE, to_arrow
 from tests.helpers import (
@@ -128,3 +129,16 @@ def test_under_connect_a_query_without_checkpoint_or_lineage_is_refused(
         with pytest.raises(Exception, match=refusal):
             query.awaitTermination(300)
     assert not os.path.exists(os.path.join(local_target, "_delta_log"))  # nothing written
+
+
+def test_a_history_is_kept_and_read_under_connect(connect, local_target, placement):
+    history = f"{local_target}_history"
+    sink = MVSink(local_target, "hist", history_target=history, placement=placement)
+    sink(connect.createDataFrame([(1, "a", 1.0), (1, "a", 1.0), (2, "b", None)], SCHEMA), 0)
+    sink(connect.createDataFrame([(1, "a", 1.0), (3, "c", 3.0)], SCHEMA), 1)
+    for version in (0, 1):
+        held = mvsink.as_of(connect, local_target, "hist", version=version)
+        assert multiset(to_arrow(held)) == multiset(target_table(local_target, version))
+    assert multiset(to_arrow(mvsink.as_of(connect, local_target, "hist", 0))) == multiset(
+        target_table(local_target, 0)
+    )

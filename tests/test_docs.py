@@ -87,28 +87,37 @@ SHIPPED_JOBS = ("demo", "upsert", "append")
 
 
 @pytest.mark.parametrize("conf", SHIPPED_JOBS)
-def test_the_shipped_job_files_run_as_the_docs_say(spark, tmp_path, conf):
+def test_the_shipped_job_files_run_as_the_docs_say(spark, tmp_path, conf, capsys):
     """``mvsink run conf/upsert.toml`` (docs/operations.md), ``make demo`` (the embedded
     default, which is conf/demo.toml) and conf/append.toml, their ``data/...`` paths under a
-    fresh folder. Two epochs each; a complete view is verified against its query."""
+    fresh folder. Two epochs each; a complete view is verified against its query; the demo
+    shows the view as of its second epoch from its history (README)."""
     path = os.path.join(ROOT, "conf", f"{conf}.toml")
     config = JobConfig.load(None if conf == "demo" else path)
     job = config.job.model_copy(
         update={
             "epochs": 2,
             "trigger_seconds": 0.5,
-            "show": False,
+            "show": conf == "demo",
             "checkpoint": _rooted(config.job.checkpoint, str(tmp_path)),
             "args": {k: _rooted(v, str(tmp_path)) for k, v in config.job.args.items()},
         }
     )
-    sink = config.sink.model_copy(update={"target": _rooted(config.sink.target, str(tmp_path))})
+    rooted = {"target": _rooted(config.sink.target, str(tmp_path))}
+    if config.sink.history_target is not None:
+        rooted["history_target"] = _rooted(config.sink.history_target, str(tmp_path))
+        assert rooted["history_target"].startswith(str(tmp_path))
+    sink = config.sink.model_copy(update=rooted)
     assert sink.target.startswith(str(tmp_path)) and job.checkpoint.startswith(str(tmp_path))
     config = config.model_copy(update={"job": job, "sink": sink})
     importable(config.job, path)
     reports = run_job(config, threading.Event())
     assert [r.outcome for r in reports] == ["committed", "committed"]
     assert frontier(config.sink.target, config.sink.name) == reports[-1].epoch + 1
+    if conf == "demo":
+        shown = capsys.readouterr().out
+        assert f"the view as of epoch {reports[1].epoch}, from its history (mvsink.as_of)" in shown
+        assert "not shown" not in shown
     if config.sink.mode == "complete":
         from mvsink.ops.verify import desired_of_job
 

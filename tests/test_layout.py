@@ -18,6 +18,7 @@ LAYERS: list[set[str]] = [
     {"config"},
     {"options_doc"},
     {"plan"},
+    {"history"},
     {"epoch"},
     {"ops", "sources"},
     {"sink"},

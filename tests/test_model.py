@@ -41,6 +41,7 @@ how many histories, steps and epochs it ran, by kind.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import os
 import random
@@ -57,6 +58,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import mvsink
 from mvsink import (
     ConfigError,
     IdentityChangedError,
@@ -69,8 +71,10 @@ from mvsink import (
     frontier,
 )
 from mvsink.cli.main import main
+from mvsink.compat import to_arrow
 from mvsink.ops.compact import compact
-from tests.helpers import target_table, versions
+from mvsink.table.record import HistoryKeys
+from tests.helpers import commit_info, log_entry, target_table, versions
 from tests.reference_model import Row, Shape, Sink, View
 
 # Commits go through delta-rs here: the Delta line's engine is the other suites' business.
@@ -202,6 +206,8 @@ class SinkModel(RuleBasedStateMachine):
 
     def _add(self, name: str, *, lineage: str | None, writer: str, **extra: Any) -> Handle:
         options = {**self.common, "lineage": lineage, "writer": writer, **extra}
+        if self.shape.mode != "upsert":  # (upsert mode keeps no history yet)
+            options["history_target"] = self._history()
         model = Sink(
             lineage=lineage or "direct",
             writer=writer,
@@ -354,6 +360,10 @@ class SinkModel(RuleBasedStateMachine):
     def _view(self) -> View:
         assert self.view is not None
         return self.view
+
+    def _history(self) -> str:
+        """Where the view holding the table keeps its history: each view its own."""
+        return os.path.join(self.folder, f"history-{self.name}")
 
     def _versions(self) -> list[int]:
         return versions(self.target) if os.path.isdir(os.path.join(self.target, "_delta_log")) else []
@@ -665,6 +675,80 @@ class SinkModel(RuleBasedStateMachine):
         want = view.visible(view.rows)
         assert got == want, f"the table differs from the model: extra {got - want}, missing {want - got}"
         assert frontier(self.target, self.name) == view.frontier
+        self._the_history_is_the_tables()
+
+    def _the_history_is_the_tables(self) -> None:
+        """docs/history.md: the history holds the table at every version since it began (as a
+        multiset, lifetimes read with delta-rs), and every version an epoch of the view
+        committed right after it (H3); only foreign writes and compactions may wait for the
+        next epoch."""
+        history = self._history()
+        if self.shape.mode == "upsert" or not os.path.isdir(os.path.join(history, "_delta_log")):
+            return
+        held = HistoryKeys(self.name)
+        table = DeltaTable(history)
+        upto = table.transaction_version(held.frontier)
+        assert upto is not None, "the history records no frontier"
+        first = next(i for i in log_entry(history, 0) if "commitInfo" in i)["commitInfo"]
+        since = max(0, int(first.get("mvsink.view_version", 0))) if first.get("mvsink.by") == "start" else 0
+        epochs = [v for v in self._versions() if "mvsink.epoch" in commit_info(self.target, v)]
+        if epochs and commit_info(self.target, epochs[-1]).get("mvsink.view") == self.name:
+            assert upto > epochs[-1], f"the history holds versions up to {upto - 1}, the view {epochs[-1]}"
+        lifetimes = table.to_pyarrow_table().to_pylist()
+        columns = list(self.shape.stored_columns)
+        view = self._view()
+        for version in range(since, upto):
+            rows = [
+                tuple(r[c] for c in columns)
+                for r in lifetimes
+                if r["opened_version"] <= version
+                and (r["closed_version"] is None or r["closed_version"] > version)
+            ]
+            stored = target_table(self.target, version).select(columns).to_pylist()
+            want = view.visible(tuple(r[c] for c in columns) for r in stored)
+            got = view.visible(rows)
+            assert got == want, f"the history at version {version}: extra {got - want}, missing {want - got}"
+        self.tally["versions the history held"] = max(self.tally["versions the history held"], upto)
+
+    @precondition(lambda self: self.shape.mode != "upsert" and self.view is not None and self.view.exists)
+    @rule(pick=st.integers(0, 1000), by_time=st.booleans())
+    def the_view_is_read_as_of_a_past_version(self, pick: int, by_time: bool) -> None:
+        """``mvsink.as_of`` at a version its history holds (or at that version's commit time)
+        is the table at that version."""
+        history = self._history()
+        if not os.path.isdir(os.path.join(history, "_delta_log")):
+            return
+        upto = DeltaTable(history).transaction_version(HistoryKeys(self.name).frontier) or 0
+        held = [v for v in self._versions() if v < upto]
+        first = next(i for i in log_entry(history, 0) if "commitInfo" in i)["commitInfo"]
+        if first.get("mvsink.by") == "start":
+            held = [v for v in held if v >= int(first.get("mvsink.view_version", 0))]
+        if not held:
+            return
+        self._step("read as of a past version")
+        version = held[pick % len(held)]
+        if (
+            by_time
+            and version + 1 in held
+            and _stamp(self.target, version + 1) > _stamp(self.target, version)
+        ):
+            when = dt.datetime.fromtimestamp(_stamp(self.target, version) / 1000, dt.UTC)
+            frame = mvsink.as_of(self.spark, self.target, self.name, when, history_target=history)
+        else:
+            frame = mvsink.as_of(self.spark, self.target, self.name, version=version, history_target=history)
+        columns = list(self.shape.stored_columns)
+        view = self._view()
+        got = view.visible(tuple(r[c] for c in columns) for r in to_arrow(frame).select(columns).to_pylist())
+        stored = target_table(self.target, version).select(columns).to_pylist()
+        want = view.visible(tuple(r[c] for c in columns) for r in stored)
+        assert got == want, f"as_of version {version}: extra {got - want}, missing {want - got}"
+
+
+def _stamp(target: str, version: int) -> int:
+    """The commit time of ``version`` of ``target``, ms (the time its history gives it, unless
+    an earlier version's was later)."""
+    info = commit_info(target, version)
+    return int(info.get("inCommitTimestamp") or info["timestamp"])
 
 
 def _describe(result: str | BaseException, *, full: bool = False) -> str:

@@ -163,6 +163,10 @@ class JobConfig(BaseModel):
 
 DEFAULT: dict[str, Any] = {
     "job": {"tamper_after_epoch": 2},
-    "sink": {"target": "./data/views/revenue", "name": "revenue"},
+    "sink": {
+        "target": "./data/views/revenue",
+        "name": "revenue",
+        "history_target": "./data/views/revenue_history",
+    },
     "spark": {"spark.master": "local[2]"},
 }

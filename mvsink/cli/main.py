@@ -14,6 +14,8 @@ mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
                                merge small files through the sink's strict commit
 mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
                                delete unreferenced files, crashed attempts' and stale index entries
+mvsink history [TARGET] --name NAME [--equal COLUMN=VALUE ...] [--json]
+                               the lifetimes of a key's or a row's values (history_target)
 
 TARGET is a path or URI, or a table name ([catalog.][schema.]table) resolved through a Spark
 session that the command starts, configured by the job file's [spark] table and --conf.
@@ -87,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         add(sub)
     _vacuum_parser(sub)
     _compact_parser(sub)
+    _history_parser(sub)
     return parser
 
 
@@ -164,6 +167,45 @@ def _compact_parser(sub: Any) -> None:
     co.add_argument("--max-rows-per-file", type=int, help="default: the job's, or 50,000")
     co.add_argument("--cluster-by", default="", help="comma-separated columns to sort rows by")
     _target_options(co)
+
+
+def _history_parser(sub: Any) -> None:
+    hi = sub.add_parser("history", help="the lifetimes of a key's or a row's values, from the view's history")
+    hi.add_argument("target", nargs="?", help="the view's Delta table (or give --job)")
+    hi.add_argument("--name", help="the view (default: the job file's)")
+    hi.add_argument(
+        "--equal",
+        action="append",
+        default=[],
+        metavar="COLUMN=VALUE",
+        help="only rows with this value (repeat: a key of several columns, or a whole row)",
+    )
+    hi.add_argument("--history-target", help="where the history is (default: where the view's commits say)")
+    hi.add_argument("--json", action="store_true", help="one JSON object per lifetime")
+    _target_options(hi)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from mvsink.cli.runner import show_table
+    from mvsink.ops.history import lifetimes
+
+    target, name, options, _ = _target(args)
+    if not name:
+        raise ConfigError("give the view's name (--name, or --job with a job file)")
+    found = lifetimes(
+        target,
+        name,
+        _pairs(args.equal, "--equal"),
+        history_target=args.history_target,
+        storage_options=options,
+    )
+    if args.json:
+        for row in found.to_pylist():
+            print(json.dumps(row, default=str, sort_keys=True))
+    else:
+        what = ", ".join(args.equal) or "every row"
+        print(show_table(found, f"lifetimes of view {name} ({what})", limit=found.num_rows or 1))
+    return 0
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -455,6 +497,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "verify": _verify,
     "vacuum": _vacuum,
     "compact": _compact,
+    "history": _history,
 }
 """Each command's function: its exit code (0 done; 1 verify's "different", frontier's "none";
 errors are the caller's, 2)."""

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from mvsink.cli.job import JobConfig
 from mvsink.cli.session import local_session
+from mvsink.compat import to_arrow
 from mvsink.errors import MVSinkError, first_line
+from mvsink.ops.history import as_of
 from mvsink.report import EpochReport
 from mvsink.sink import MVSink
 from mvsink.table import delta
@@ -137,7 +140,35 @@ def run_job(
             raise query.exception()  # type: ignore[misc]
     finally:
         query.stop()
+    if job.show and sink.options.history_target is not None and reports:
+        _show_history(spark, sink, reports)
     return reports
+
+
+def _show_history(spark: Any, sink: MVSink, reports: list[EpochReport]) -> None:
+    """After the run, what the view's history keeps (``history_target``): the view as of its
+    second epoch (``mvsink.as_of``), and the lifetimes foreign writes and their repair touched.
+    A history that cannot be shown is a note, never a failure."""
+    first = reports[min(1, len(reports) - 1)].epoch
+    history = sink.options.history_target
+    assert history is not None
+    try:
+        then = to_arrow(
+            as_of(spark, sink.target, sink.name, first, storage_options=sink.options.storage_options)
+        )
+        print(show_table(then, f"\nthe view as of epoch {first}, from its history (mvsink.as_of)"))
+        kept = delta.read_table(history, sink.options.storage_options)
+        touched = kept.filter(
+            pc.or_kleene(
+                pc.is_in(kept["opened_by"], pa.array(["foreign", "repair"])),
+                pc.is_in(kept["closed_by"], pa.array(["foreign", "repair"])),
+            )
+        )
+        print(
+            show_table(touched, f"lifetimes foreign writes and their repair opened or closed, in {history}")
+        )
+    except Exception as exc:  # a note, as _show's
+        print(f"the view's history: not shown ({type(exc).__name__}: {first_line(exc)})")
 
 
 class _Interrupts:

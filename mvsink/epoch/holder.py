@@ -103,15 +103,19 @@ def check(snap: Snapshot, opts: SinkOptions, log_files: LogFiles, where: Where) 
     return Holding(identity, took_over)
 
 
+def holds(snap: Snapshot, view: str) -> bool:
+    """Whether ``view`` holds the table ``snap`` is of: its holder, or (a table written before
+    holders were recorded) none is recorded and the view's frontier is."""
+    tag = snap.transaction(HOLDER)
+    return tag == holder_tag(view) or (tag is None and snap.frontier is not None)
+
+
 def _check_holder(snap: Snapshot, opts: SinkOptions, log_files: LogFiles, where: Where) -> str | None:
     """Condition 1: None when the view holds the table (or may make it its own quietly), else
     whom ``take_over`` takes it from; refused otherwise."""
-    if not snap.exists:
+    if not snap.exists or holds(snap, opts.name):
         return None
-    mine = holder_tag(opts.name)
     tag = snap.transaction(HOLDER)
-    if tag == mine or (tag is None and snap.frontier is not None):
-        return None
     infos = history(log_files, snap.version or 0, HISTORY)
     if tag is not None:
         named = _name(tag, infos)

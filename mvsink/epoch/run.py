@@ -4,7 +4,8 @@
     snapshot -> decide -> (Skip: drain, report) | holder -> layout -> plan -> stage -> commit -> report
                                                                    (Lost: discard, back off, again)
 
-A commit's outcome is a value (``table/commit.append``: ``Landed`` or ``Lost``), or an error when
+The retry loop (``retrying``) is ``table/commit.py``'s. A commit's outcome is a value
+(``table/commit.append``: ``Landed`` or ``Lost``), or an error when
 the log cannot tell (``CommitOutcomeUnknownError``: the staged files are kept, I4).
 ``SinkState`` is what a sink keeps between epochs; ``Epoch`` reads it and the options, never
 the sink object.
@@ -15,20 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 from pyspark.sql import DataFrame
 
 from mvsink import failpoints
 from mvsink.compat import is_dataframe, is_spark_error, spark_reason
-from mvsink.config import RetryPolicy, SinkOptions
+from mvsink.config import SinkOptions
 from mvsink.epoch import holder
 from mvsink.epoch.clock import Stall, Standing, Time, batch_start, epoch_time, query_start, standing
 from mvsink.epoch.clock import transactions as clock_transactions
@@ -48,13 +47,14 @@ from mvsink.errors import (
     UnsupportedTableError,
     Where,
 )
+from mvsink.history.keep import History, View
 from mvsink.plan.append import Append
 from mvsink.plan.complete import Complete
 from mvsink.plan.context import DriverBudget, EpochContext, give_back_memory
 from mvsink.plan.tombstones import Tombstones
 from mvsink.plan.upsert import Upsert
 from mvsink.report import EpochReport
-from mvsink.table.commit import Landed, Lost, add_columns, append
+from mvsink.table.commit import Landed, Lost, add_columns, append, retrying
 from mvsink.table.deletion_vectors import vector_files
 from mvsink.table.delta import Snapshot, keeps_files_across_schema_change, load_snapshot
 from mvsink.table.index import DriverIndex
@@ -62,40 +62,20 @@ from mvsink.table.layout import Layout, layout_for
 from mvsink.table.log import commit_info
 from mvsink.table.plan import Plan, Staged
 from mvsink.table.record import ATTEMPT, EpochRecord, Keys, now_ms, schema_metadata
-from mvsink.table.schema import check_roles, check_supported, schema_change, schema_digest, stored_struct
+from mvsink.table.schema import (
+    check_roles,
+    check_supported,
+    schema_change,
+    schema_digest,
+    stored_struct,
+    target_schema_json,
+)
 from mvsink.table.staging import discard, stage
 from mvsink.table.storage import Store
+from mvsink.table.uris import table_root
 
 log = logging.getLogger("mvsink.sink")
 _COMMIT = re.compile(r"_delta_log/\d{20}\.json")
-
-
-T = TypeVar("T")
-
-
-def retrying(
-    policy: RetryPolicy,
-    attempt: Callable[[int], T | Lost | None],
-    *,
-    lost: Callable[[int, Lost, float], None],
-    exhausted: Callable[[int], Exception],
-) -> T:
-    """The one retry loop of everything that commits strictly (an epoch, a compaction): call
-    ``attempt`` with its number until it returns a result. ``Lost`` (a commit race lost,
-    nothing referenced) is told to ``lost`` (with the pause) and backs off by ``policy``,
-    except after the last attempt; None starts over at once. After ``policy.max_attempts``
-    attempts, raises ``exhausted(max_attempts)``."""
-    for n in range(1, policy.max_attempts + 1):
-        result = attempt(n)
-        if result is None:
-            continue
-        if not isinstance(result, Lost):
-            return result
-        pause = policy.backoff(n, random.random())
-        lost(n, result, pause)
-        if n < policy.max_attempts:
-            time.sleep(pause)
-    raise exhausted(policy.max_attempts)
 
 
 class Mode(Protocol):
@@ -229,6 +209,19 @@ class Epoch:
         else:
             planner = Append(self.ctx)
         self.mode = Planning(planner, self.ctx)
+        self.history = (
+            History(
+                opts.name,
+                table_root(opts.history_target),
+                Store(table_root(opts.history_target), dict(opts.storage_options)),
+                opts.retry,
+                self.where,
+            )
+            if opts.history_target is not None
+            else None
+        )
+        """The view's history, which the sink keeps whenever it may write the view (a standby
+        promoted through the table commits, ``decide.py``, a read-only option or not)."""
 
     def run(self) -> EpochReport:
         raw, opts = self.ctx.batch, self.opts
@@ -285,10 +278,14 @@ class Epoch:
             return None
         decision = self.decide(snap)
         if isinstance(decision, Skip):  # (a sink that only skips checks nothing: it writes nothing)
+            if decision.entitled and snap.exists and holder.holds(snap, self.opts.name):  # (a replay)
+                self._complete_history(snap)
             return self.skip(decision, snap, attempt)
         holding = holder.check(snap, self.opts, self.ctx.store, self.where)
+        self._complete_history(snap)
         layout = self.layout(snap)
         self._check_not_retired(snap, layout)
+        self._check_history_follows(layout)
         plan = self.mode.plan(snap, layout)
         staged = self.stage(plan, snap, layout)
         if unchanged(
@@ -305,6 +302,7 @@ class Epoch:
             return outcome
         failpoints.hit("after_commit", self.where)
         self.mode.committed(staged)
+        self._follow_history(outcome.version, snap, layout)
         lower, upper = decision.desc.lower, decision.desc.upper
         return self.report("committed", lower, upper, outcome.version, attempt, snap, staged=staged)
 
@@ -352,6 +350,50 @@ class Epoch:
             sequence_column=opts.sequence_column,
             where=self.where,
         )
+
+    def _complete_history(self, snap: Snapshot) -> None:
+        """Bring the view's history to ``snap``'s version before anything else (H3): a crash
+        between an epoch's commit and its history's is completed here, by whichever sink
+        runs next. Refuses a history target that is not this view's (nothing is staged yet)."""
+        if self.history is None:
+            return
+        partition_by = snap.partition_by if snap.exists else tuple(self.opts.partition_by or ())
+        schema_json = snap.schema_json or target_schema_json(self.stored)
+        view = View(self.ctx.store, schema_json, partition_by, snap.table_id)
+        with self.ctx.phase("history"):
+            self.history.catch_up(view, snap.version, start=snap)
+
+    def _check_history_follows(self, layout: Layout) -> None:
+        """A view that keeps a history does not change its columns: the history does not follow
+        such a change yet (``SchemaMismatchError``, before anything is staged)."""
+        if self.history is None or layout.replaces is None:
+            return
+        change = schema_change(layout.struct, layout.replaces).says()
+        raise SchemaMismatchError(
+            f"desired's columns differ from the view's table ({change}), and the view keeps a "
+            f"history ({self.opts.history_target}), which does not follow a change of the view's "
+            "columns yet. Nothing was written. Give the view a new target and history, or keep "
+            "its columns.",
+            self.where,
+        )
+
+    def _follow_history(self, version: int, snap: Snapshot, layout: Layout) -> None:
+        """Right after the epoch's commit, the history's (H3). Its failure fails nothing: the
+        view's version landed, and the next epoch completes the history before it plans."""
+        if self.history is None:
+            return
+        view = View(self.ctx.store, layout.schema_json, layout.partition_by, snap.table_id)
+        try:
+            with self.ctx.phase("history"):
+                self.history.catch_up(view, version)
+        except Exception as exc:
+            log.warning(
+                "%s: version %d of the view committed, and its history could not follow (%s): the "
+                "next epoch completes it before it plans",
+                self.where,
+                version,
+                exc,
+            )
 
     def _check_not_retired(self, snap: Snapshot, layout: Layout) -> None:
         """A sink about to change the table's schema does not change it to one the table left:
@@ -767,6 +809,7 @@ class Epoch:
             takeover=(lineage.owner or 0) + 1 if desc.takeover else None,
             identity=holding.identity,
             took_over=holding.took_over,
+            history=table_root(self.opts.history_target) if self.opts.history_target else None,
         )
 
 

@@ -31,10 +31,9 @@ import numpy as np
 import pyarrow as pa
 
 from mvsink.config import RetryPolicy
-from mvsink.epoch.run import retrying
 from mvsink.errors import ConfigError, ConflictError, InvariantViolation, Where
 from mvsink.table.catalog import locate
-from mvsink.table.commit import Lost, append
+from mvsink.table.commit import Lost, append, retrying
 from mvsink.table.delta import DataFile, Snapshot, load_snapshot
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex

@@ -26,9 +26,8 @@ import pyarrow as pa
 
 from mvsink import failpoints
 from mvsink.config import RetryPolicy
-from mvsink.epoch.run import retrying
 from mvsink.errors import StorageError, Where
-from mvsink.table.commit import Lost, append_rows
+from mvsink.table.commit import Lost, append_rows, retrying
 from mvsink.table.delta import delta_errors, open_existing
 from mvsink.table.log import history
 from mvsink.table.record import EpochCommit, metrics_app_id
@@ -82,7 +81,7 @@ def record(
 
     The append is committed against the very snapshot the range was read from (strict, no
     delta-rs retry): a concurrent append of a replica makes it lose the race and start over
-    (``epoch/run.retrying``), never land on top with the same rows. The fail point
+    (``table/commit.retrying``), never land on top with the same rows. The fail point
     ``metrics_before_commit`` comes before each append's commit."""
     options = dict(storage_options)
     app = app_id(view, target)

@@ -22,7 +22,7 @@ failed call is told apart from a landed one, read from the version's own log fil
 What an outcome allows a caller to do with the staged files (I4): ``Lost``: delete them;
 ``Unknown``: keep them (the commit may still land). A caller that cannot go on with an
 ``Unknown`` raises ``CommitOutcomeUnknownError`` from it (``Unknown.error``). The one retry
-loop over lost races is ``epoch/run.retrying``.
+loop over lost races is ``retrying``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
 from deltalake import DeltaTable, Field, Schema
@@ -500,6 +501,43 @@ def _maintain_log(snap: Snapshot, version: int, where: Where) -> None:
             dt.cleanup_metadata()
     except Exception as exc:
         log.warning("%s: version %d committed, but checkpointing it failed: %s", where, version, exc)
+
+
+class Backoff(Protocol):
+    """What ``retrying`` needs of a retry policy (``config.RetryPolicy``)."""
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    def backoff(self, attempt: int, rand: float) -> float: ...
+
+
+T = TypeVar("T")
+
+
+def retrying(
+    policy: Backoff,
+    attempt: Callable[[int], T | Lost | None],
+    *,
+    lost: Callable[[int, Lost, float], None],
+    exhausted: Callable[[int], Exception],
+) -> T:
+    """The one retry loop of everything that commits strictly (an epoch, a compaction): call
+    ``attempt`` with its number until it returns a result. ``Lost`` (a commit race lost,
+    nothing referenced) is told to ``lost`` (with the pause) and backs off by ``policy``,
+    except after the last attempt; None starts over at once. After ``policy.max_attempts``
+    attempts, raises ``exhausted(max_attempts)``."""
+    for n in range(1, policy.max_attempts + 1):
+        result = attempt(n)
+        if result is None:
+            continue
+        if not isinstance(result, Lost):
+            return result
+        pause = policy.backoff(n, random.random())
+        lost(n, result, pause)
+        if n < policy.max_attempts:
+            time.sleep(pause)
+    raise exhausted(policy.max_attempts)
 
 
 # -- the pipeline, whole --------------------------------------------------------------------

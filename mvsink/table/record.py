@@ -31,6 +31,23 @@ Two kinds of records, both written in the same commit as the data they describe:
   names no view: ``mvsink#holder``, the view that holds the table (``holder_tag``), recorded
   by every epoch's commit. A table holds one view; a sink of another view is refused.
 
+* **The history's app transactions** (in the history table, ``history_target``), under
+  ``mvsink-history:<view>`` (``HistoryKeys``):
+
+  ======================================  ====================================================
+  ``mvsink-history:<view>``               the history's frontier: the first version of the
+                                          view's table not yet in the history
+  ``mvsink-history:<view>#table``         the view's table (a digest of its id; 0: not yet
+                                          known), so a table made again is seen
+  ``mvsink-history:<view>#time``          the time given the last version it holds (ms)
+  ``mvsink-history:<view>#epoch``         the view's last epoch commit it holds (version + 1)
+  ``mvsink-history:<view>#foreign``       the last foreign write that changed rows (version
+                                          + 1): the epoch after it repairs
+  ``mvsink-history:<view>#began``         a history begun on a view's table that held rows:
+                                          its time (ms), before which it knows nothing
+  ``mvsink-history:<view>#since``         ... and its version + 1
+  ======================================  ====================================================
+
 * **Commit metadata**: ``mvsink.*`` keys of the commit info (delta-rs writes them at its top
   level, the JVM Delta into its ``tags``; ``table/log.commit_info`` reads either), one set
   per kind of commit: an epoch (``EpochRecord``), a compaction (``compact_metadata``), a
@@ -70,6 +87,10 @@ TAKEOVER = "mvsink.took_over"
 """Commit metadata of an epoch's commit that took the table from its holder: whom from."""
 PROMOTED = "mvsink.promoted"
 """Commit metadata of a promotion: the writer made active."""
+HISTORY = "mvsink.history"
+"""Commit metadata of an epoch's commit: where the view's history is kept (``history_target``)."""
+HISTORY_OF = "mvsink.history_of"
+"""Commit metadata of a history table's commit: the view whose history it is."""
 _PREFIX_META = "mvsink."
 
 
@@ -87,6 +108,65 @@ def metrics_app_id(view: str, root: str) -> str:
 def digest(name: str) -> str:
     """A lineage's or a writer's name as it appears in a key."""
     return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+HISTORY_PREFIX = "mvsink-history:"
+
+
+def table_tag(table_id: str) -> int:
+    """A table's id as an app transaction's version: a positive 60-bit digest."""
+    return int(hashlib.sha256(table_id.encode()).hexdigest()[:15], 16)
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """The app transactions of one view's history table (the second table in the module doc)."""
+
+    view: str
+
+    @property
+    def frontier(self) -> str:
+        return f"{HISTORY_PREFIX}{self.view}"
+
+    @property
+    def table(self) -> str:
+        return f"{self.frontier}#table"
+
+    @property
+    def time(self) -> str:
+        return f"{self.frontier}#time"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.frontier}#epoch"
+
+    @property
+    def foreign(self) -> str:
+        return f"{self.frontier}#foreign"
+
+    @property
+    def began(self) -> str:
+        return f"{self.frontier}#began"
+
+    @property
+    def since(self) -> str:
+        return f"{self.frontier}#since"
+
+
+def history_metadata(view: str, version: int, by: str, opened: int, closed: int) -> dict[str, str]:
+    """The commit metadata of the history commit that holds version ``version`` of ``view``'s
+    table (``by``: what made that version, ``history/lifetimes.py``)."""
+    return {
+        "userMetadata": (
+            f"mvsink history of view {view}: version {version} ({by}), "
+            f"{opened} lifetime(s) opened, {closed} closed"
+        ),
+        HISTORY_OF: view,
+        "mvsink.view_version": str(version),
+        "mvsink.by": by,
+        "mvsink.opened": str(opened),
+        "mvsink.closed": str(closed),
+    }
 
 
 HOLDER = "mvsink#holder"
@@ -254,6 +334,8 @@ class EpochRecord:
     """The view's identity (``Keys.identity`` records its tag in the same commit)."""
     took_over: str | None = None
     """Whom this commit took the table from (``take_over``): a view, or a foreign table."""
+    history: str | None = None
+    """Where the view's history is kept (``history_target``), if anywhere."""
 
     def metadata(self) -> dict[str, str]:
         """The commit metadata: ``userMetadata`` and the ``mvsink.*`` keys."""
@@ -269,6 +351,7 @@ class EpochRecord:
             "userMetadata": summary,
             **({"mvsink.takeover": str(self.takeover)} if self.takeover is not None else {}),
             **({TAKEOVER: self.took_over} if self.took_over is not None else {}),
+            **({HISTORY: self.history} if self.history is not None else {}),
             **({IDENTITY: self.identity.spelled()} if not self.identity.empty else {}),
             LINEAGE: self.lineage,
             **({"mvsink.time": json.dumps(dict(self.time), sort_keys=True)} if self.time is not None else {}),

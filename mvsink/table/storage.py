@@ -221,6 +221,11 @@ class Store:
                 )
         return out
 
+    def write_file(self, path: str, rows: pa.Table) -> NewFile:
+        """Write ``rows`` (a table without partitions or column mapping) as the one Parquet
+        file at ``path``, whatever its row count: its add action."""
+        return self._put(path, rows, {})
+
     def _put(self, path: str, data: pa.Table, values: Mapping[str, str | None]) -> NewFile:
         sink = pa.BufferOutputStream()
         nan = nan_leaves(data)

@@ -176,13 +176,20 @@ def test_show_reads_a_sample_through_the_sinks_store(spark, tmp_path, capsys, s3
                     "args": {"orders": str(tmp_path / "orders")},
                 }
             ),
-            "sink": config.sink.model_copy(update={"target": s3_target, "storage_options": s3_options}),
+            "sink": config.sink.model_copy(
+                update={
+                    "target": s3_target,
+                    "history_target": f"{s3_target}_history",
+                    "storage_options": s3_options,
+                }
+            ),
         }
     )
     reports = run_job(config, stop=threading.Event())
     assert [r.outcome for r in reports][:2] == ["committed", "committed"]
     out = capsys.readouterr().out
     assert "== view revenue after epoch 1\n  product" in out and "not shown" not in out
+    assert "the view as of epoch 1, from its history (mvsink.as_of)" in out
 
     # A large view: a sample of 12 rows, and the count the log gives.
     big = str(tmp_path / "big")

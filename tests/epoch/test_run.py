@@ -1,4 +1,4 @@
-"""The attempt loop's retry (``epoch/run.retrying``), shared by epochs and compactions: what
+"""The attempt loop's retry (``table/commit.retrying``), shared by epochs and compactions: what
 a lost race, a restart and an exhausted policy do. The stages themselves run against real
 tables in the sink's suites (``tests/test_sink.py``, ``tests/test_concurrency.py``)."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mvsink.config import RetryPolicy
-from mvsink.epoch.run import retrying
 from mvsink.errors import ConflictError, RetriesExhaustedError, Where
-from mvsink.table.commit import Lost
+from mvsink.table.commit import Lost, retrying
 
 WHERE = Where("v", "/t", 3)
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.0, max_backoff_s=0.0)

@@ -1,0 +1,319 @@
+"""Reading a view's history (``history_target``): the view as it was (``as_of``), and the
+lifetimes of some of its rows (``lifetimes``, the ``mvsink history`` command).
+
+The view at time ``t`` is the history's rows with ``valid_from <= t AND (valid_to IS NULL OR
+valid_to > t)``, less the lifetime columns; at version ``v`` of the view's table, with
+``opened_version <= v AND (closed_version IS NULL OR closed_version > v)``. ``as_of`` adds only
+what plain SQL cannot see: it refuses a time or version the history does not hold yet (the
+view's next version is committed and its history's not yet: H3) or no longer knows (before it
+began), and finds the version an epoch committed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql.types import LongType, StructField, StructType
+
+from mvsink.compat import to_arrow
+from mvsink.errors import ConfigError, HistoryBehindError, Where
+from mvsink.history.lifetimes import (
+    CLOSED_EPOCH,
+    CLOSED_VERSION,
+    COLUMNS,
+    OPENED_EPOCH,
+    OPENED_VERSION,
+    VALID_FROM,
+    VALID_TO,
+    view_struct,
+)
+from mvsink.table.catalog import locate
+from mvsink.table.delta import load_snapshot, open_existing, open_table
+from mvsink.table.log import commit_info
+from mvsink.table.record import EPOCH, HISTORY, VIEW, HistoryKeys, metadata_int
+from mvsink.table.schema import arrow_schema, target_struct
+from mvsink.table.storage import Store
+from mvsink.table.tasks import file_frame, in_task, raise_task_errors, task_files
+from mvsink.table.uris import table_root
+
+LOOK_BACK = 1000
+"""The most commits of the view's table read to find where its history is kept, or past the
+last version its history holds."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a history table holds: view versions ``since .. frontier - 1``."""
+
+    root: str
+    options: Mapping[str, str]
+    frontier: int
+    since: int
+    """The first version it holds (0, or the version it began at on a table holding rows)."""
+    began_ms: int | None
+    next_ms: int | None
+    """The time of the view's version ``frontier``, if it is committed already."""
+    pending: tuple[int, ...]
+    """The epochs of the view's versions it does not hold yet."""
+
+
+def find(
+    spark: object,
+    target: str,
+    name: str,
+    *,
+    history_target: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> Held:
+    """Where view ``name`` (its table at ``target``, a path or a table name) keeps its history,
+    and what that holds."""
+    options = dict(storage_options or {})
+    where = Where(name, target)
+    view_store = Store(table_root(locate(target, where, spark)), options)
+    root = table_root(history_target or _recorded(view_store, name, where))
+    keys = HistoryKeys(name)
+    history = open_existing(root, options)
+    frontier = None if history is None else history.transaction_version(keys.frontier)
+    if history is None or frontier is None:
+        raise ConfigError(f"{root} holds no history of view {name!r}", where)
+    # Read after the history's frontier: a version the view commits meanwhile is seen.
+    pending: list[int] = []
+    next_ms: int | None = None
+    for version in range(frontier, frontier + LOOK_BACK):
+        info = commit_info(view_store, version)
+        if info is None:
+            break
+        if version == frontier:
+            next_ms = metadata_int(info.get("inCommitTimestamp")) or metadata_int(info.get("timestamp"))
+        epoch = metadata_int(info.get(EPOCH)) if info.get(VIEW) == name else None
+        if epoch is not None:
+            pending.append(epoch)
+    since = history.transaction_version(keys.since)
+    began = history.transaction_version(keys.began)
+    return Held(
+        root,
+        options,
+        int(frontier),
+        0 if since is None else int(since) - 1,
+        None if began is None else int(began),
+        next_ms,
+        tuple(pending),
+    )
+
+
+def _recorded(view_store: Store, name: str, where: Where) -> str:
+    """Where the view's newest commit naming one keeps its history (``record.HISTORY``)."""
+    table = open_existing(view_store.root, view_store.options)
+    newest = table.version() if table is not None else -1
+    for version in range(newest, max(newest - LOOK_BACK, -1), -1):
+        info = commit_info(view_store, version)
+        if info is not None and info.get(VIEW) == name and info.get(HISTORY):
+            return str(info[HISTORY])
+    raise ConfigError(
+        f"no commit of the view's table names a history of view {name!r} (of its last {LOOK_BACK}): "
+        "give history_target (the sink's option) to read it",
+        where,
+    )
+
+
+def as_of(
+    spark: object,
+    target: str,
+    name: str,
+    when: dt.datetime | str | int | None = None,
+    *,
+    version: int | None = None,
+    history_target: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """View ``name`` (its table at ``target``) as it was: at time ``when`` (a datetime, naive
+    meaning UTC, or an ISO 8601 string), after epoch ``when`` (an int: the last version of its
+    table an epoch of that number committed, or of an earlier epoch of the same query when that
+    one changed no row), or at ``version`` of its table. A DataFrame of the view's columns,
+    read from its history (``history_target``: where; default, where the view's commits say)
+    by Spark tasks through mvsink's own reader: no Delta jars needed in the session."""
+    where = Where(name, target)
+    if (when is None) == (version is None):
+        raise ConfigError("as_of takes a time or an epoch (when), or a version, and only one", where)
+    micros = None if when is None or isinstance(when, int) else _micros(when, where)
+    held = find(spark, target, name, history_target=history_target, storage_options=storage_options)
+    if isinstance(when, int) and not isinstance(when, bool):
+        late = [e for e in held.pending if e <= when]
+        if late:
+            raise HistoryBehindError(
+                f"epoch {late[0]} committed version(s) of the view's table past {held.frontier - 1}, "
+                "the last its history holds (the next epoch completes it)",
+                where,
+            )
+        version = _epoch_version(spark, held, when, where)
+    if version is not None:
+        if version < held.since:
+            raise HistoryBehindError(
+                f"the history began at version {held.since} of the view's table, after {version}: "
+                "it does not know what the view held then",
+                where,
+            )
+        if version >= held.frontier:
+            raise HistoryBehindError(
+                f"the history holds the view's versions up to {held.frontier - 1}, not {version} "
+                "(yet: the next epoch completes it)",
+                where,
+            )
+        return _read(spark, held, _Held(OPENED_VERSION, CLOSED_VERSION, version), where)
+    assert micros is not None
+    if held.began_ms is not None and micros < held.began_ms * 1000:
+        raise HistoryBehindError(
+            f"the history began at {_show(held.began_ms * 1000)}, after {_show(micros)}: it does not "
+            "know what the view held then",
+            where,
+        )
+    if held.next_ms is not None and micros >= held.next_ms * 1000:
+        raise HistoryBehindError(
+            f"version {held.frontier} of the view's table, committed at {_show(held.next_ms * 1000)}, "
+            "is not in its history yet (the next epoch completes it)",
+            where,
+        )
+    return _read(spark, held, _Held(VALID_FROM, VALID_TO, micros), where)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The lifetimes that hold ``at`` between columns ``start`` (inclusive) and ``end``
+    (exclusive; null: still open): ``start <= at AND (end IS NULL OR end > at)``."""
+
+    start: str
+    end: str
+    at: int
+
+    def mask(self, rows: pa.Table) -> pa.Array:
+        start, end = (rows.column(c) for c in (self.start, self.end))
+        if pa.types.is_timestamp(start.type):
+            start, end = start.cast(pa.int64()), end.cast(pa.int64())
+        at = pa.scalar(self.at, pa.int64())
+        return pc.and_kleene(pc.less_equal(start, at), pc.or_kleene(pc.is_null(end), pc.greater(end, at)))
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """Runs in a Spark task: each history file's rows that ``held`` picks, the view's columns
+    (or, with no ``held``, the distinct (version, epoch) pairs its lifetimes record)."""
+
+    store: Store
+    schema: pa.Schema
+    held: _Held | None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        view = [n for n in self.schema.names if n not in COLUMNS]
+        for _, file in task_files(batches):
+            with in_task(f"reading {file.path}"):
+                rows = self.store.read(file, self.schema, ())
+            if self.held is not None:
+                yield from rows.filter(self.held.mask(rows)).select(view).to_batches()
+                continue
+            pairs = pa.concat_tables(
+                [
+                    pa.table({"v": rows.column(v), "e": rows.column(e)})
+                    for v, e in ((OPENED_VERSION, OPENED_EPOCH), (CLOSED_VERSION, CLOSED_EPOCH))
+                ]
+            )
+            pairs = pairs.filter(pc.is_valid(pairs.column("e"))).group_by(["v", "e"]).aggregate([])
+            yield from pairs.to_batches()
+
+
+def _read(spark: object, held: Held, pick: _Held | None, where: Where) -> DataFrame:
+    """The history's rows that ``pick`` holds (see ``_Reader``), read by Spark tasks."""
+    snap = load_snapshot(
+        held.root, HistoryKeys(where.view or "").frontier, held.options, where, writing=False
+    )
+    assert snap.schema_json is not None
+    struct = target_struct(snap.schema_json)
+    schema = arrow_schema(struct)
+    if pick is None:
+        out = StructType([StructField("v", LongType()), StructField("e", LongType())])
+    else:
+        out = view_struct(struct)
+    frame: DataFrame = file_frame(spark, snap.files).mapInArrow(
+        _Reader(Store(snap.root, held.options), schema, pick), out
+    )
+    return frame
+
+
+def _epoch_version(spark: object, held: Held, epoch: int, where: Where) -> int:
+    """The version of the view's table that epoch ``epoch`` of its newest query committed, or
+    the newest before it (that epoch changed no row). Epochs count again from a new checkpoint:
+    the newest run of epochs that only grew is the newest query's."""
+    try:
+        found_pairs = to_arrow(_read(spark, held, None, where).distinct())
+    except Exception as exc:
+        raise_task_errors(exc, where)
+        raise
+    seen = sorted(zip(found_pairs.column("v").to_pylist(), found_pairs.column("e").to_pylist(), strict=True))
+    run: list[tuple[int, int]] = []
+    for v, e in seen:
+        if run and e < run[-1][1]:
+            run = []
+        run.append((v, e))
+    found = [v for v, e in run if e <= epoch]
+    if not found:
+        raise HistoryBehindError(
+            f"no version of the view's table in its history was committed by epoch {epoch} or an "
+            "earlier epoch of the view's newest query: ask for a time or a version",
+            where,
+        )
+    return max(found)
+
+
+def lifetimes(
+    target: str,
+    name: str,
+    equal: Mapping[str, str],
+    *,
+    history_target: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """The lifetimes of view ``name``'s rows whose columns ``equal`` the values given (as text,
+    cast to each column's type: a key, or a whole row), oldest first: the ``mvsink history``
+    command. Read with delta-rs, on this machine (no Spark: give a key, not a scan)."""
+    where = Where(name, target)
+    held = find(None, target, name, history_target=history_target, storage_options=storage_options)
+    dataset = open_table(held.root, held.options).to_pyarrow_dataset()
+    test = None
+    for column, text in equal.items():
+        if column not in dataset.schema.names or column in COLUMNS:
+            raise ConfigError(
+                f"the view has no column {column!r} (it has {view_columns(dataset.schema)})", where
+            )
+        try:
+            value = pa.scalar(text).cast(dataset.schema.field(column).type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConfigError(f"{column}={text!r}: not a value of the column's type ({exc})", where) from None
+        one = pc.field(column) == value
+        test = one if test is None else test & one
+    found = dataset.to_table(filter=test)
+    ordered: pa.Table = found.sort_by([(VALID_FROM, "ascending"), (OPENED_VERSION, "ascending")])
+    return ordered
+
+
+def view_columns(schema: pa.Schema) -> list[str]:
+    return [n for n in schema.names if n not in COLUMNS]
+
+
+def _micros(when: dt.datetime | str, where: Where) -> int:
+    if isinstance(when, str):
+        try:
+            when = dt.datetime.fromisoformat(when)
+        except ValueError:
+            raise ConfigError(f"as_of: {when!r} is no ISO 8601 time", where) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _show(micros: int) -> str:
+    return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)).isoformat()
