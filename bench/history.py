@@ -40,11 +40,13 @@ from mvsink import MVSink
 VIEW = "orders"
 
 
-def with_sink(spark: SparkSession, files: Path, where: str, history: bool) -> dict[str, Any]:
+def with_sink(
+    spark: SparkSession, files: Path, where: str, history: bool, view: str = VIEW
+) -> dict[str, Any]:
     target = f"{where}/table"
     options = {"history_target": f"{where}/history"} if history else {}
-    sink = MVSink(target, VIEW, **options)
-    writer = stream(spark, files, VIEW).writeStream.outputMode("complete").foreachBatch(sink)
+    sink = MVSink(target, view, **options)
+    writer = stream(spark, files, view).writeStream.outputMode("complete").foreachBatch(sink)
     total = run(writer.option("checkpointLocation", f"{where}/ckpt"))
     reports = list(sink.reports)
     got: dict[str, Any] = {
@@ -104,7 +106,7 @@ def main() -> None:
     spark = session()
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="mvsink-history-") as scratch:
-        with_sink(spark, files, f"{scratch}/warm", True)  # untimed: the JVM's and workers' first use
+        with_sink(spark, files, f"{scratch}/warm", True, "flags")  # untimed: the JVM's and workers' first use
         expected = desired(spark, files, VIEW).cache()
         systems = [
             ("floor", lambda w: floor(spark, files, VIEW, f"{w}/table", f"{w}/ckpt", "complete")),

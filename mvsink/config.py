@@ -200,9 +200,10 @@ class SinkOptions(_Frozen):
     (``metrics.py``), on the target's store (same ``storage_options``)."""
     history_target: str | None = None
     """A second Delta table (a path or URI, on the target's store) that keeps the view's
-    history: every row's lifetimes, with ``valid_from`` and ``valid_to`` (``history/``). Every
-    commit of the view is followed by the history's, which the next epoch completes if it is
-    missing. Complete and append mode. None: no history."""
+    history: every row's lifetimes, with ``valid_from`` and ``valid_to`` (docs/history.md). The
+    sink's commits are followed by the history's; versions others make, and a history commit
+    that failed, are completed by its next epoch before it plans. Complete and append mode.
+    None: no history."""
     compact_every: int | None = Field(None, ge=1)
     """Merge small files (``compact.py``) after a committed epoch once this many epochs passed
     since the last compaction (the table records its frontier); its own

@@ -192,19 +192,23 @@ def _history(args: argparse.Namespace) -> int:
     target, name, options, _ = _target(args)
     if not name:
         raise ConfigError("give the view's name (--name, or --job with a job file)")
-    found = lifetimes(
-        target,
-        name,
-        _pairs(args.equal, "--equal"),
-        history_target=args.history_target,
-        storage_options=options,
-    )
+    if not args.equal:
+        raise ConfigError("give a key's or a row's values, --equal COLUMN=VALUE (one per column)")
+    history = args.history_target
+    if history is None and args.job:
+        from mvsink.cli.job import JobConfig
+
+        history = JobConfig.load(args.job).sink.history_target
+    equal = _pairs(args.equal, "--equal")
+    found = lifetimes(target, name, equal, history_target=history, storage_options=options)
     if args.json:
         for row in found.to_pylist():
             print(json.dumps(row, default=str, sort_keys=True))
     else:
-        what = ", ".join(args.equal) or "every row"
-        print(show_table(found, f"lifetimes of view {name} ({what})", limit=found.num_rows or 1))
+        what = ", ".join(args.equal)
+        print(
+            show_table(found, f"lifetimes of view {name} ({what})", limit=found.num_rows or 1, ordered=True)
+        )
     return 0
 
 

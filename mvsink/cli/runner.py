@@ -28,10 +28,15 @@ SHOWN_ROWS = 12
 """Rows of the view printed after each epoch (``show = true``): a sample, never the whole view."""
 
 
-def show_table(table: pa.Table, title: str, limit: int = SHOWN_ROWS, total: int | None = None) -> str:
-    """A small text rendering of a view, rows sorted, at most ``limit`` of them (of ``total``)."""
+def show_table(
+    table: pa.Table, title: str, limit: int = SHOWN_ROWS, total: int | None = None, *, ordered: bool = False
+) -> str:
+    """A small text rendering of a view, rows sorted (``ordered``: in the table's order), at most
+    ``limit`` of them (of ``total``)."""
     cols = table.column_names
-    rows = sorted((tuple(r[c] for c in cols) for r in table.slice(0, limit).to_pylist()), key=repr)
+    rows = [tuple(r[c] for c in cols) for r in table.slice(0, limit).to_pylist()]
+    if not ordered:
+        rows.sort(key=repr)
     more = (table.num_rows if total is None else total) - len(rows)
     cells = [[_fmt(v) for v in row] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]

@@ -16,7 +16,8 @@ Invariants (cited elsewhere by number):
   replays and restarts add each version once.
 * H3. A sink that may write the view completes the history to the view's version before its
   epoch plans (and before a replay's skip), and follows its own commit right after it: when
-  an epoch returns, the history holds every version up to its commit. Versions made after it
+  an epoch returns, the history holds every version up to its commit, unless the history's
+  own commit failed (a WARNING; the next epoch completes it). Versions made after it
   by anything else (a compaction, a foreign write) wait for the next epoch; a crash between
   the two commits leaves the history one version behind until then.
 

@@ -35,7 +35,6 @@ from mvsink import failpoints
 from mvsink.errors import (
     ConfigError,
     ConflictError,
-    InvariantViolation,
     MVSinkError,
     SchemaMismatchError,
     UnsupportedTableError,
@@ -45,7 +44,17 @@ from mvsink.history.lifetimes import OPENED_VERSION, By, Change, carry, history_
 from mvsink.table.commit import Backoff, Lost, append, retrying
 from mvsink.table.delta import DataFile, NewFile, Snapshot, load_snapshot, open_existing, physical_names
 from mvsink.table.log import commit_info, log_actions
-from mvsink.table.record import EPOCH, VIEW, HistoryKeys, history_metadata, metadata_int, now_ms, table_tag
+from mvsink.table.record import (
+    EPOCH,
+    HISTORY,
+    MODE,
+    VIEW,
+    HistoryKeys,
+    history_metadata,
+    metadata_int,
+    now_ms,
+    table_tag,
+)
 from mvsink.table.schema import arrow_schema, target_schema_json, target_struct
 from mvsink.table.storage import Store
 
@@ -120,8 +129,8 @@ class History:
 
     def _behind(self, view: View, upto: int | None) -> bool:
         """Whether the history lacks a version up to ``upto`` (or is missing, with a view's table
-        to begin from), checked (``check``) without listing its files: the steady epoch's
-        look, one read of the log's tail."""
+        to begin from), checked (``check``) from the table delta-rs opens, without the file
+        list and statistics of a snapshot: the steady epoch's look."""
         table = open_existing(self.root, self.store.options)
         if table is None:
             self.check(None, view, upto)
@@ -183,12 +192,19 @@ class History:
         assert upto is not None
         snap = load_snapshot(self.root, self.keys.frontier, self.store.options, self.where, engine="delta-rs")
         frontier = self.check(_Head.of_snapshot(snap, self.keys) if snap.exists else None, view, upto)
-        if frontier is None and start is not None and start.version == upto:
+        if frontier is None and start is not None and start.version == upto and not self._made_the_view(view):
             return self._start(snap, view, start) or True
         if frontier is not None and frontier > upto:
             return True
         at = frontier or 0
         return self._follow(snap, view, at) or at >= upto
+
+    def _made_the_view(self, view: View) -> bool:
+        """Whether the view's first version is an epoch of this view keeping this history: its
+        history then begins there (its sink stopped before the history's first commit), not at
+        the rows held now."""
+        info = commit_info(view.store, 0)
+        return info is not None and info.get(VIEW) == self.view and info.get(HISTORY) == self.root
 
     def _start(self, snap: Snapshot, view: View, start: Snapshot) -> Lost | None:
         """Make the history from the view as ``start`` holds it: a lifetime per row."""
@@ -228,10 +244,19 @@ class History:
         meta = next((a["metaData"] for a in actions if "metaData" in a), None)
         if meta is not None and snap.schema_json is not None:
             _check_columns(snap.schema_json, meta["schemaString"], self.root, self.where, version)
+        if meta is not None and tuple(meta.get("partitionColumns") or ()) != view.partition_by:
+            raise SchemaMismatchError(
+                f"version {version} of the view's table partitions it by "
+                f"{list(meta.get('partitionColumns') or [])}, not {list(view.partition_by)}: the history "
+                "does not follow a change of the view's partitioning. Give the view's history a new folder.",
+                self.where,
+            )
         keys = self.keys
         epoch = _epoch(info, self.view)
         foreign = info.get(VIEW) != self.view
         repairs = (snap.transaction(keys.foreign) or 0) > (snap.transaction(keys.epoch) or 0)
+        # A complete view's next epoch undoes a foreign write (an append view's keeps its rows).
+        repairs = repairs and info.get(MODE) == "complete"
         by: By = "foreign" if foreign else ("repair" if epoch is not None and repairs else "epoch")
         time_ms = max(_time_ms(info), snap.transaction(keys.time) or 0)
         change = Change(version, time_ms * 1000, epoch, by)
@@ -246,16 +271,18 @@ class History:
         for f in [*removes, *replaced]:
             found = mirrors.get(mirror(f))
             if found is None:
-                raise InvariantViolation(
+                raise ConfigError(
                     f"version {version} of the view removes {f.key}, whose lifetimes the history "
-                    "does not hold: the history is not the view's. Give the view's history a new folder.",
+                    f"at {self.root} does not hold where mvsink keeps them: something other than "
+                    "mvsink rewrote the history table (an OPTIMIZE, say), or it is not this view's. "
+                    "Only mvsink writes a history; give the view's history a new folder.",
                     self.where,
                 )
             gone_files.append(found)
         schema = self._arrow(view)
         reads = [self.store.read(h, schema, ()) for h in gone_files]
         gone = pa.concat_tables(reads) if reads else schema.empty_table()
-        kept, closed = carry(gone, [view.rows(f) for f in adds], change, schema)
+        kept, closed = carry(gone, [self._rows(view, f, version) for f in adds], change, schema)
         opened_n = sum(int(pc.sum(pc.equal(t.column(OPENED_VERSION), version)).as_py() or 0) for t in kept)
         folder = self._folder()
         written: list[NewFile] = []
@@ -277,6 +304,19 @@ class History:
         schema_json = snap.schema_json or self._schema_json(view)
         counts = (opened_n, closed.num_rows)
         return self._commit(snap, written, gone_files, change, marks, folder, counts, schema_json)
+
+    def _rows(self, view: View, file: DataFile, version: int) -> pa.Table:
+        """The rows of a file version ``version`` added, which must still be in storage."""
+        try:
+            return view.rows(file)
+        except FileNotFoundError:
+            raise MVSinkError(
+                f"the history holds the view up to version {version - 1}, and {file.key}, which "
+                f"version {version} added, is gone (a VACUUM since?): the history cannot be "
+                "completed exactly. Give the view's history a new folder (it begins with the rows "
+                "held then).",
+                self.where,
+            ) from None
 
     def _commit(
         self,

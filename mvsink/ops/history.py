@@ -140,6 +140,10 @@ def as_of(
     where = Where(name, target)
     if (when is None) == (version is None):
         raise ConfigError("as_of takes a time or an epoch (when), or a version, and only one", where)
+    if isinstance(when, bool) or not (when is None or isinstance(when, int | str | dt.datetime)):
+        raise ConfigError(
+            f"as_of: when is a datetime, an ISO 8601 string or an epoch number, not {when!r}", where
+        )
     micros = None if when is None or isinstance(when, int) else _micros(when, where)
     held = find(spark, target, name, history_target=history_target, storage_options=storage_options)
     if isinstance(when, int) and not isinstance(when, bool):

@@ -104,12 +104,15 @@ def test_append_mode_lifetimes_never_close(spark, tmp_path):
     sink = MVSink(target, "events", mode="append", history_target=history)
     for epoch in range(3):
         sink(people(spark, range(epoch * 3, epoch * 3 + 3)), epoch)
+        if epoch == 0:
+            foreign_append(target, [{"id": 99, "name": "theirs", "x": 0.0}])  # an append view keeps it
     compact(target, "events", max_rows_per_file=100)
     assert history_frontier(history, "events") == DeltaTable(target).version()  # the next epoch completes it
     sink(people(spark, range(50, 52)), 3)
     assert_holds_every_version(target, history, "events")
     rows = lifetimes(history)
-    assert len(rows) == 11 and all(r["valid_to"] is None for r in rows)
+    assert len(rows) == 12 and all(r["valid_to"] is None for r in rows)
+    assert {r["opened_by"] for r in rows} == {"epoch", "foreign"}  # (no epoch repairs an append view)
 
 
 def test_a_crash_between_the_views_commit_and_the_historys_is_completed_by_the_next_epoch(spark, tmp_path):
@@ -123,6 +126,18 @@ def test_a_crash_between_the_views_commit_and_the_historys_is_completed_by_the_n
     assert restarted(people(spark, range(3, 8)), 1).outcome == "replay"  # Spark runs the batch again
     assert_holds_every_version(target, history, "v")
     assert versions(history) == [0, 1]  # one history commit per version of the view
+
+
+def test_a_crash_right_after_the_first_commit_begins_the_history_at_the_views_first_version(spark, tmp_path):
+    target, history = str(tmp_path / "t"), str(tmp_path / "h")
+    sink = MVSink(target, "v", history_target=history)
+    with failpoints.armed({"after_commit": "raise"}, view="v"), pytest.raises(failpoints.InjectedFault):
+        sink(people(spark, range(3)), 0)
+    foreign_append(target, [{"id": 9, "name": "rogue", "x": 0.0}])
+    assert not os.path.exists(history)
+    MVSink(target, "v", history_target=history)(people(spark, range(4)), 1)
+    assert_holds_every_version(target, history, "v")
+    assert {r["opened_by"] for r in lifetimes(history)} == {"epoch", "foreign", "repair"}
 
 
 def test_a_replay_adds_nothing_to_the_history(spark, tmp_path):

@@ -106,6 +106,8 @@ def test_as_of_refuses_a_view_without_history_and_a_question_twice_asked(spark, 
         mvsink.as_of(spark, target, "v", version=0)
     with pytest.raises(mvsink.ConfigError, match="only one"):
         mvsink.as_of(spark, target, "v", 0, version=0)
+    with pytest.raises(mvsink.ConfigError, match="not True"):
+        mvsink.as_of(spark, target, "v", True, history_target=str(tmp_path / "t"))
     with pytest.raises(mvsink.ConfigError, match="ISO 8601"):
         mvsink.as_of(spark, target, "v", "last tuesday", history_target=str(tmp_path / "t"))
 
@@ -129,3 +131,5 @@ def test_the_history_command_prints_a_keys_lifetimes(spark, tmp_path, capsys):
     assert "no column 'nope'" in capsys.readouterr().err
     assert main(["history", target, "--name", "v", "--equal", "id=one"]) == 2
     assert "not a value of the column's type" in capsys.readouterr().err
+    assert main(["history", target, "--name", "v"]) == 2
+    assert "--equal COLUMN=VALUE" in capsys.readouterr().err
