@@ -96,7 +96,14 @@ def view_struct(history: StructType) -> StructType:
 def opened(rows: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
     """``rows`` of the view (its columns) as lifetimes ``change`` opens."""
     n = rows.num_rows
-    return _with(rows, schema, change, opening=True, closing=False, n=n)
+    values = _values(change, schema, n)
+    columns = {}
+    for name in schema.names:
+        if name not in COLUMNS:
+            columns[name] = rows.column(name)
+        else:  # what it opens; nothing closes it yet
+            columns[name] = values[name] if name in _OPENING else pa.nulls(n, schema.field(name).type)
+    return pa.table(columns, schema=schema)
 
 
 def carry(
@@ -124,7 +131,7 @@ def carry(
     kept_from[pairs.column("j").to_numpy()] = pairs.column("i").to_numpy()
     matched = kept_from >= 0
     carried = gone.take(pa.array(np.where(matched, kept_from, 0))) if gone.num_rows else None
-    new = _with(rows, schema, change, opening=True, closing=False, n=rows.num_rows)
+    new = opened(rows, change, schema)
     if carried is not None and matched.any():
         mask = pa.array(matched)
         new = pa.table(
@@ -168,21 +175,6 @@ def _close(lifetimes: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
         {name: values[name] if name in _CLOSING else lifetimes.column(name) for name in schema.names},
         schema=schema,
     )
-
-
-def _with(
-    rows: pa.Table, schema: pa.Schema, change: Change, *, opening: bool, closing: bool, n: int
-) -> pa.Table:
-    values = _values(change, schema, n)
-    columns = {}
-    for name in schema.names:
-        if name not in COLUMNS:
-            columns[name] = rows.column(name)
-        elif (opening and name in _OPENING) or (closing and name in _CLOSING):
-            columns[name] = values[name]
-        else:
-            columns[name] = pa.nulls(n, schema.field(name).type)
-    return pa.table(columns, schema=schema)
 
 
 def _values(change: Change, schema: pa.Schema, n: int) -> dict[str, pa.Array]:
