@@ -202,8 +202,13 @@ class SinkOptions(_Frozen):
     """A second Delta table (a path or URI, on the target's store) that keeps the view's
     history: every row's lifetimes, with ``valid_from`` and ``valid_to`` (docs/history.md). The
     sink's commits are followed by the history's; versions others make, and a history commit
-    that failed, are completed by its next epoch before it plans. Complete and append mode.
-    None: no history."""
+    that failed, are completed by its next epoch before it plans. Every mode; an upsert view
+    with a ``sequence_column`` records its late events too. None: no history."""
+    history_retention: str | None = None
+    """With ``history_target``: how long the history keeps a lifetime after it ended (a
+    duration: ``"90d"``); never an open one. Applied when the history is compacted (with the
+    view's compaction: ``compact_every``, ``mvsink compact``); ``as_of`` then refuses a time or
+    version it no longer knows whole. None: every lifetime is kept."""
     compact_every: int | None = Field(None, ge=1)
     """Merge small files (``compact.py``) after a committed epoch once this many epochs passed
     since the last compaction (the table records its frontier); its own
@@ -282,7 +287,7 @@ class SinkOptions(_Frozen):
             Cadence.parse(v)
         return v
 
-    @field_validator("tombstone_retention")
+    @field_validator("tombstone_retention", "history_retention")
     @classmethod
     def _check_retention(cls, v: str | None) -> str | None:
         if v is not None and not Cadence.parse(v).seconds:
@@ -336,11 +341,8 @@ class SinkOptions(_Frozen):
             )
         if self.errors_target is not None and self.on_error != "table":
             raise ValueError("option 'errors_target': only on_error = 'table' writes an errors table")
-        if self.history_target is not None and self.mode == "upsert":
-            raise ValueError(
-                "option 'history_target': upsert mode keeps no history yet (its late events and "
-                "tombstones are not lifetimes of the view's rows): complete and append mode do"
-            )
+        if self.history_retention is not None and self.history_target is None:
+            raise ValueError("option 'history_retention': it needs a history (history_target)")
         for option in ("errors_target", "metrics_table", "history_target"):
             other = getattr(self, option)
             if other is not None and not is_path(other):

@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -228,13 +229,16 @@ class MVSink:
         return since >= every
 
     def _compact(self, where: Where) -> None:
-        """Merge small files after a committed epoch (``compact_every``). The epoch is
-        committed whatever happens here: a failure is a WARNING, never the epoch's error."""
+        """Merge small files after a committed epoch (``compact_every``), then compact the
+        view's history (its ``history_retention``)."""
         from mvsink.ops.compact import compact
+        from mvsink.ops.history import compact_history
 
         opts = self.options
-        try:
-            done = compact(
+        _after_epoch(
+            "compaction",
+            where,
+            lambda: compact(
                 opts.target,
                 opts.name,
                 opts.storage_options,
@@ -242,10 +246,21 @@ class MVSink:
                 cluster_by=opts.cluster_by,
                 retry=opts.retry,
                 engine=opts.engine,
+            ),
+        )
+        if opts.history_target is not None:
+            _after_epoch(
+                "the history's compaction",
+                where,
+                lambda: compact_history(
+                    opts.target,
+                    opts.name,
+                    opts.storage_options,
+                    retention=opts.history_retention,
+                    history_target=opts.history_target,
+                    retry=opts.retry,
+                ),
             )
-            log.info("%s: %s", where, done)
-        except Exception as exc:  # the epoch is committed: never fail it (or the query) now
-            log.warning("%s: compaction after the epoch failed (the epoch is committed): %s", where, exc)
 
     def frontier(self) -> int | None:
         """The target's frontier for this view (None before the first commit)."""
@@ -292,6 +307,15 @@ class MVSink:
         log.info("%s", report)
         metrics.info("%s", json.dumps(report.to_json(), sort_keys=True))
         return report
+
+
+def _after_epoch(what: str, where: Where, step: Callable[[], object]) -> None:
+    """Run ``step`` after a committed epoch and log what it did. The epoch is committed whatever
+    happens here: a failure is a WARNING, never the epoch's error."""
+    try:
+        log.info("%s: %s", where, step())
+    except Exception as exc:  # never fail the epoch (or the query) now
+        log.warning("%s: %s after the epoch failed (the epoch is committed): %s", where, what, exc)
 
 
 # help(MVSink), IDEs and inspect.signature(MVSink) show each option from SinkOptions' fields

@@ -476,3 +476,77 @@ def persisted_of(files: list[list[tuple[int, int]]]) -> Any:
 def foreign_delete(target: str, predicate: str) -> None:
     """Delete rows of the target as another writer would (delta-rs's SQL-like predicate)."""
     DeltaTable(table_root(target)).delete(predicate)
+
+
+# --- A view's history (history_target) -----------------------------------------------------------
+
+LIFETIME = {
+    "valid_from",
+    "valid_to",
+    "opened_version",
+    "opened_epoch",
+    "opened_by",
+    "closed_version",
+    "closed_epoch",
+    "closed_by",
+}
+"""The columns a history row has after the view's."""
+
+
+def lifetimes(history: str) -> list[dict[str, Any]]:
+    """Every row of a history table, read with delta-rs (not mvsink)."""
+    return DeltaTable(history).to_pyarrow_table().to_pylist()
+
+
+def held_at(history: str, version: int) -> Counter:
+    """The view at ``version`` as its history says, read with delta-rs (not mvsink)."""
+    rows = [
+        r
+        for r in lifetimes(history)
+        if r["opened_version"] <= version and (r["closed_version"] is None or r["closed_version"] > version)
+    ]
+    return Counter(tuple(v for k, v in r.items() if k not in LIFETIME) for r in rows)
+
+
+def table_at(target: str, version: int) -> Counter:
+    return multiset(target_table(target, version))
+
+
+def history_frontier(history: str, view: str) -> int | None:
+    from mvsink.table.record import HistoryKeys
+
+    return DeltaTable(history).transaction_version(HistoryKeys(view).frontier)
+
+
+def assert_holds_every_version(target: str, history: str, view: str, since: int = 0) -> None:
+    """The history holds every version of the view's table, each as the table was then."""
+    newest = DeltaTable(target).version()
+    assert history_frontier(history, view) == newest + 1
+    for v in range(since, newest + 1):
+        assert held_at(history, v) == table_at(target, v), f"version {v}"
+
+
+KEYED = "id long, v string, seq long, del boolean"
+"""An upsert view's batches: key, value, sequence, delete mark (``keyed``)."""
+
+
+def keyed(target: str, history: str, placement: str = "driver", **options: Any) -> MVSink:
+    """Upsert view ``keyed`` (key ``id``, sequence ``seq``, delete column ``del``) keeping a
+    history at ``history``."""
+    return MVSink(
+        target,
+        "keyed",
+        mode="upsert",
+        key=["id"],
+        sequence_column="seq",
+        delete_column="del",
+        history_target=history,
+        placement=placement,
+        **options,
+    )
+
+
+def late_folders(target: str, view: str = "keyed") -> list[str]:
+    """The folders of late events an upsert view keeps for its history (``plan/late.py``)."""
+    root = os.path.join(target, "_mvsink", view, "late")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []

@@ -206,8 +206,7 @@ class SinkModel(RuleBasedStateMachine):
 
     def _add(self, name: str, *, lineage: str | None, writer: str, **extra: Any) -> Handle:
         options = {**self.common, "lineage": lineage, "writer": writer, **extra}
-        if self.shape.mode != "upsert":  # (upsert mode keeps no history yet)
-            options["history_target"] = self._history()
+        options["history_target"] = self._history()
         model = Sink(
             lineage=lineage or "direct",
             writer=writer,
@@ -441,7 +440,26 @@ class SinkModel(RuleBasedStateMachine):
         k, p = key if self.shape.composite else (key, p)
         seq = stored - back
         h = self.last or self.primary
-        self._run(h, h.next, self._batch([(k, v, p, int(seq), gone)], None))
+        epoch = h.next
+        result = self._run(h, epoch, self._batch([(k, v, p, int(seq), gone)], None))
+        if back and not gone and result == "committed":
+            self._the_history_met_a_late_event(epoch, k, p, int(seq))
+
+    def _the_history_met_a_late_event(self, epoch: int, k: Any, p: Any, seq: int) -> None:
+        """docs/history.md: a late event the view did not take is a lifetime of the epoch that
+        met it, which closes as it opens (no version or time holds it: ``_the_history_is_the_
+        tables`` checks every version still equals the table)."""
+        history = self._history()
+        late = [
+            r
+            for r in DeltaTable(history).to_pyarrow_table().to_pylist()
+            if r["opened_by"] == "late" and r["opened_epoch"] == epoch and r["k"] == k and r["seq"] == seq
+        ]
+        assert late, f"epoch {epoch} met a late event (k={k}, seq={seq}) its history does not hold"
+        assert all(r["valid_from"] == r["valid_to"] and r["closed_by"] == "late" for r in late)
+        if self.shape.composite:
+            assert any(r["p"] == p for r in late)
+        self.tally["late events the history held"] += 1
 
     # --- rules: sinks come and go ---------------------------------------------------------------
 
@@ -683,7 +701,7 @@ class SinkModel(RuleBasedStateMachine):
         committed right after it (H3); only foreign writes and compactions may wait for the
         next epoch."""
         history = self._history()
-        if self.shape.mode == "upsert" or not os.path.isdir(os.path.join(history, "_delta_log")):
+        if not os.path.isdir(os.path.join(history, "_delta_log")):
             return
         held = HistoryKeys(self.name)
         table = DeltaTable(history)
@@ -710,7 +728,7 @@ class SinkModel(RuleBasedStateMachine):
             assert got == want, f"the history at version {version}: extra {got - want}, missing {want - got}"
         self.tally["versions the history held"] = max(self.tally["versions the history held"], upto)
 
-    @precondition(lambda self: self.shape.mode != "upsert" and self.view is not None and self.view.exists)
+    @precondition(lambda self: self.view is not None and self.view.exists)
     @rule(pick=st.integers(0, 1000), by_time=st.booleans())
     def the_view_is_read_as_of_a_past_version(self, pick: int, by_time: bool) -> None:
         """``mvsink.as_of`` at a version its history holds (or at that version's commit time)

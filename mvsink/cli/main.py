@@ -11,7 +11,9 @@ mvsink frontier TARGET NAME    print the frontier of view NAME in the table at T
 mvsink promote TARGET --name NAME --writer WRITER
                                make WRITER the active writer of view NAME (fences the others)
 mvsink compact [TARGET] --name NAME [--max-rows-per-file N] [--cluster-by A,B]
-                               merge small files through the sink's strict commit
+               [--history-retention D]
+                               merge small files through the sink's strict commit (and
+                               compact the view's history, dropping what ended before D)
 mvsink vacuum [TARGET] [--retention-hours H] [--apply] [--json]
                                delete unreferenced files, crashed attempts' and stale index entries
 mvsink history [TARGET] --name NAME [--equal COLUMN=VALUE ...] [--json]
@@ -166,6 +168,11 @@ def _compact_parser(sub: Any) -> None:
     co.add_argument("--name", help="the view (its index entries are carried over)")
     co.add_argument("--max-rows-per-file", type=int, help="default: the job's, or 50,000")
     co.add_argument("--cluster-by", default="", help="comma-separated columns to sort rows by")
+    co.add_argument(
+        "--history-retention",
+        help="a view keeping a history: drop lifetimes that ended longer ago than this (e.g. 90d; "
+        "default: the job's history_retention, else keep all)",
+    )
     _target_options(co)
 
 
@@ -222,11 +229,23 @@ def _compact(args: argparse.Namespace) -> int:
     rows = args.max_rows_per_file or small * 4
     _progress(f"compacting {target} ...")
     cluster = tuple(c.strip() for c in args.cluster_by.split(",") if c.strip())
-    if args.job and not cluster:
+    retention, history = args.history_retention, None
+    if args.job:
         from mvsink.cli.job import JobConfig
 
-        cluster = JobConfig.load(args.job).sink.cluster_by
+        sink = JobConfig.load(args.job).sink
+        cluster = cluster or sink.cluster_by
+        retention, history = retention or sink.history_retention, sink.history_target
     print(compact(target, name, options, max_rows_per_file=rows, cluster_by=cluster))
+    from mvsink.ops.history import compact_history, recorded
+    from mvsink.table.storage import Store
+    from mvsink.table.uris import table_root
+
+    if history is None and recorded(Store(table_root(target), options), name) is None:
+        if retention is not None:
+            raise ConfigError(f"--history-retention: view {name!r} keeps no history")
+        return 0
+    print(compact_history(target, name, options, retention=retention, history_target=history))
     return 0
 
 

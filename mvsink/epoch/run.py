@@ -290,7 +290,7 @@ class Epoch:
         staged = self.stage(plan, snap, layout)
         if unchanged(
             decision,
-            writes_files=bool(staged.adds or staged.removes),
+            writes_files=bool(staged.adds or staged.removes or any(s.commits for s in staged.sides)),
             changes_schema=bool(layout.replaces),
             takes_table=bool(holding.took_over),
         ):
@@ -545,7 +545,7 @@ class Epoch:
                 where=self.where,
                 transactions={
                     **self._transactions(decision),
-                    **(staged.side.transactions if staged.side is not None else {}),
+                    **{k: v for side in staged.sides for k, v in side.transactions.items()},
                     **holding.transactions(opts.name),
                     **retiring,
                 },

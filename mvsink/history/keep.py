@@ -25,9 +25,10 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -40,7 +41,20 @@ from mvsink.errors import (
     UnsupportedTableError,
     Where,
 )
-from mvsink.history.lifetimes import OPENED_VERSION, By, Change, carry, history_struct, opened, view_struct
+from mvsink.history.lifetimes import (
+    CLOSED_VERSION,
+    COLUMNS,
+    OPENED_VERSION,
+    VALID_TO,
+    By,
+    Change,
+    carry,
+    history_struct,
+    met_late,
+    opened,
+    view_struct,
+)
+from mvsink.plan import late
 from mvsink.table.commit import Backoff, Lost, append, retrying
 from mvsink.table.delta import DataFile, NewFile, Snapshot, load_snapshot, open_existing, physical_names
 from mvsink.table.log import commit_info, log_actions
@@ -50,10 +64,12 @@ from mvsink.table.record import (
     MODE,
     VIEW,
     HistoryKeys,
+    Keys,
     history_metadata,
     metadata_int,
     now_ms,
     table_tag,
+    tidy_metadata,
 )
 from mvsink.table.schema import arrow_schema, target_schema_json, target_struct
 from mvsink.table.storage import Store
@@ -106,6 +122,8 @@ class History:
     store: Store
     retry: Backoff
     where: Where
+    commits: int = 0
+    """History commits this sink made (``_sweep_late`` counts them)."""
 
     @property
     def keys(self) -> HistoryKeys:
@@ -284,13 +302,25 @@ class History:
         gone = pa.concat_tables(reads) if reads else schema.empty_table()
         kept, closed = carry(gone, [self._rows(view, f, version) for f in adds], change, schema)
         opened_n = sum(int(pc.sum(pc.equal(t.column(OPENED_VERSION), version)).as_py() or 0) for t in kept)
+        late_parts = self._late(view, actions, version)
+        if isinstance(late_parts, Lost):
+            return late_parts
         folder = self._folder()
         written: list[NewFile] = []
+        n_closed = closed.num_rows
         try:
             for f, rows in zip(adds, kept, strict=True):  # (a file of no rows too: a later remove finds it)
                 written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
             if closed.num_rows:
-                written.append(self.store.write_file(f"{folder}/c-{uuid.uuid4().hex}.parquet", closed))
+                written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
+            # Late events, a part at a time (a version may meet many): a file of lifetimes each.
+            met = replace(change, by="late")
+            columns = pa.schema([f for f in schema if f.name not in COLUMNS])
+            for part in late_parts:
+                rows = met_late(late.read(view.store, part, columns), met, schema)
+                n_closed += rows.num_rows
+                if rows.num_rows:
+                    written.append(self.store.write_file(_closed_path(folder, change.time_us), rows))
         except BaseException:
             self.store.delete_folder(folder)
             raise
@@ -302,8 +332,133 @@ class History:
         if meta is not None and meta.get("id"):
             marks[keys.table] = table_tag(str(meta["id"]))
         schema_json = snap.schema_json or self._schema_json(view)
-        counts = (opened_n, closed.num_rows)
-        return self._commit(snap, written, gone_files, change, marks, folder, counts, schema_json)
+        counts = (opened_n, n_closed)
+        outcome = self._commit(snap, written, gone_files, change, marks, folder, counts, schema_json)
+        if outcome is None:
+            self._sweep_late(view)
+        return outcome
+
+    def _late(self, view: View, actions: Sequence[Mapping[str, Any]], version: int) -> list[str]:
+        """The part files of the late events version ``version`` met (``plan/late.py``; none:
+        it met none). Their folder is kept while the view's log can name the version."""
+        key = Keys.of(self.view).late
+        number = next(
+            (int(a["txn"]["version"]) for a in actions if "txn" in a and a["txn"].get("appId") == key), None
+        )
+        if number is None:
+            return []
+        found = late.parts(view.store, self.view, number)
+        if found is not None:
+            return found
+        raise MVSinkError(
+            f"version {version} of the view met late events, and their files "
+            f"({late.folder(self.view, number)}) are gone (kept {late.KEEP_MS // 86_400_000} days): "
+            "the history cannot be completed exactly. Give the view's history a new folder (it "
+            "begins with the rows held then).",
+            self.where,
+        )
+
+    def _sweep_late(self, view: View) -> None:
+        """After a history commit of this sink, every ``late.SWEEP_EVERY`` from its first: the
+        view's late folders past their keeping (``late.sweep``)."""
+        self.commits += 1
+        if (self.commits - 1) % late.SWEEP_EVERY:
+            return
+        try:
+            gone = late.sweep(view.store, self.view)
+            if gone:
+                log.info("%s: swept %d folder(s) of late events past their keeping", self.where, gone)
+        except Exception as exc:  # what stays behind is swept later
+            log.warning("%s: could not sweep folders of late events: %s", self.where, exc)
+
+    def tidy(self, *, kept_from_us: int | None, rows_per_file: int, max_rows: int) -> Tidied | None:
+        """Compact the history: its files of closed lifetimes (``c-``) that are small (under a
+        quarter of ``rows_per_file``), or hold a lifetime that ended before ``kept_from_us``,
+        rewritten as files of up to ``rows_per_file`` lifetimes without those that ended
+        before it (never an open lifetime: those are in the mirrors, ``o-``, which it leaves
+        alone). At most ``max_rows`` lifetimes a run. One strict commit (the frontier as it is:
+        it holds the same versions of the view), retried on a lost race; None when there is
+        nothing to do. Dropping lifetimes moves the history's first known version and time
+        (H1: ``#since``, ``#began``) past every lifetime dropped, so ``as_of`` refuses what it
+        no longer knows."""
+        done = retrying(
+            self.retry,
+            lambda n: self._tidy(kept_from_us, rows_per_file, max_rows),
+            lost=self._lost,
+            exhausted=self._gave_up,
+        )
+        return done if done.version is not None else None
+
+    def _tidy(self, kept_from_us: int | None, rows_per_file: int, max_rows: int) -> Tidied | Lost:
+        keys = self.keys
+        snap = load_snapshot(self.root, keys.frontier, self.store.options, self.where, engine="delta-rs")
+        frontier = snap.transaction(keys.frontier) if snap.exists else None
+        if frontier is None:
+            return NOTHING_TIDIED
+        assert snap.schema_json is not None
+        first_ends = _first_ends(snap)
+        closed = [i for i, f in enumerate(snap.files) if f.key.rpartition("/")[2].startswith("c-")]
+        small = max(2, rows_per_file // 4)
+        expired = [i for i in closed if _before(first_ends[i], kept_from_us)]
+        gone = set(expired)
+        rest = [i for i in closed if i not in gone and (snap.files[i].num_records or 0) < small]
+        picked = [snap.files[i] for i in (*expired, *rest)]
+        if not expired and len(picked) < 2:
+            return NOTHING_TIDIED
+        taken: list[DataFile] = []
+        n = 0
+        for f in picked:
+            if taken and n + (f.num_records or 0) > max_rows:
+                break
+            taken.append(f)
+            n += f.num_records or 0
+        schema = arrow_schema(target_struct(snap.schema_json))
+        rows = pa.concat_tables([self.store.read(f, schema, ()) for f in taken])
+        old = np.zeros(rows.num_rows, bool)
+        if kept_from_us is not None:
+            old = _true(pc.less(rows.column(VALID_TO).cast(pa.int64()), kept_from_us))
+        dropped, kept = rows.filter(pa.array(old)), rows.filter(pa.array(~old))
+        marks: dict[str, int] = {}
+        if dropped.num_rows:
+            # The first version (and time) every lifetime still kept tells whole.
+            last = int(pc.max(dropped.column(CLOSED_VERSION)).as_py())
+            end_us = int(pc.max(dropped.column(VALID_TO).cast(pa.int64())).as_py())
+            marks[keys.since] = max(snap.transaction(keys.since) or 0, last + 1)
+            marks[keys.began] = max(snap.transaction(keys.began) or 0, -(-end_us // 1000))
+        folder = self._folder()
+        written: list[NewFile] = []
+        try:
+            for start in range(0, kept.num_rows, rows_per_file):
+                part = kept.slice(start, rows_per_file)
+                first_end = int(pc.min(part.column(VALID_TO).cast(pa.int64())).as_py())
+                written.append(self.store.write_file(_closed_path(folder, first_end), part))
+        except BaseException:
+            self.store.delete_folder(folder)
+            raise
+        try:
+            failpoints.hit("history_before_commit", self.where, snap)
+        except BaseException:
+            self.store.delete_folder(folder)
+            raise
+        outcome = append(
+            snap,
+            self.store,
+            adds=written,
+            removes=taken,
+            app_id=keys.frontier,
+            upper=None,  # the same versions of the view
+            attempt_id=uuid.uuid4().hex,
+            metadata=tidy_metadata(self.view, len(taken), len(written), dropped.num_rows),
+            schema_json=snap.schema_json,
+            partition_by=(),
+            where=self.where,
+            transactions=marks,
+            data_change=bool(dropped.num_rows),
+        )
+        if isinstance(outcome, Lost):
+            self.store.delete_folder(folder)
+            return outcome
+        return Tidied(outcome.version, len(taken), len(written), kept.num_rows, dropped.num_rows)
 
     def _rows(self, view: View, file: DataFile, version: int) -> pa.Table:
         """The rows of a file version ``version`` added, which must still be in storage."""
@@ -365,6 +520,57 @@ class History:
 
     def _folder(self) -> str:
         return f"mvsink-history-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Tidied:
+    """What ``History.tidy`` did: its commit, the files it merged and wrote, the lifetimes it
+    kept and dropped (past the retention)."""
+
+    version: int | None
+    """None: there was nothing to do."""
+    files_removed: int
+    files_added: int
+    kept: int
+    dropped: int
+
+
+NOTHING_TIDIED = Tidied(None, 0, 0, 0, 0)
+
+
+def _closed_path(folder: str, first_end_us: int) -> str:
+    """A new file of closed lifetimes under ``folder``, named by the earliest ``valid_to`` it
+    holds (microseconds): what the retention needs of it, without statistics (delta-rs lists
+    those of a table's first 32 columns only, and the lifetime columns come after the view's)."""
+    return f"{folder}/c-{first_end_us:017d}-{uuid.uuid4().hex}.parquet"
+
+
+def _first_ends(snap: Snapshot) -> list[int | None]:
+    """The earliest ``valid_to`` of each of ``snap``'s files, microseconds: by its name
+    (``_closed_path``), else by the statistics its writer recorded (truncated down: never later
+    than the true one); None: not known."""
+    bounds = snap.bounds(VALID_TO)
+    stats: list[int | None] = [None] * len(snap.files)
+    if bounds is not None:
+        low = bounds[0]
+        if pa.types.is_timestamp(low.type):
+            low = low.cast(pa.timestamp("us", low.type.tz))
+        stats = [None if v is None else int(v) for v in low.cast(pa.int64()).to_pylist()]
+    out = []
+    for f, by_stats in zip(snap.files, stats, strict=True):
+        parts = f.key.rpartition("/")[2].split("-")
+        out.append(int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else by_stats)
+    return out
+
+
+def _before(first_end: int | None, kept_from_us: int | None) -> bool:
+    """Whether a file whose earliest ``valid_to`` is ``first_end`` (None: not known) may hold a
+    lifetime that ended before ``kept_from_us`` (None: every lifetime is kept)."""
+    return kept_from_us is not None and (first_end is None or first_end < kept_from_us)
+
+
+def _true(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 @dataclass(frozen=True)

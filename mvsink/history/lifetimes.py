@@ -54,10 +54,10 @@ COLUMNS = tuple(LIFETIME.fieldNames())
 _OPENING = (VALID_FROM, OPENED_VERSION, OPENED_EPOCH, OPENED_BY)
 _CLOSING = (VALID_TO, CLOSED_VERSION, CLOSED_EPOCH, CLOSED_BY)
 
-By = Literal["epoch", "repair", "foreign", "start"]
+By = Literal["epoch", "repair", "foreign", "start", "late"]
 """What made a version, as its lifetimes say: an epoch of the view; the first epoch after a
 foreign write (its changes repair it, with the epoch's own); a write by anything else; the
-rows the view held when its history began."""
+rows the view held when its history began; an upsert view's late event (``met_late``)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ def opened(rows: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
         else:  # what it opens; nothing closes it yet
             columns[name] = values[name] if name in _OPENING else pa.nulls(n, schema.field(name).type)
     return pa.table(columns, schema=schema)
+
+
+def met_late(rows: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
+    """``rows`` of the view, late events ``change`` met (``plan/late.py``): lifetimes that close
+    as they open, since the view never held them. They say when each came, and no time holds
+    them: a late event reopens nothing, and the view at any time or version is unchanged."""
+    return _close(opened(rows, change, schema), change, schema)
 
 
 def carry(

@@ -30,13 +30,16 @@ import pyarrow.fs as pafs
 from mvsink.epoch.clock import stall_notes
 from mvsink.errors import Where, first_line
 from mvsink.ops.compact import small_rows_of
+from mvsink.ops.history import HistoryStatus, history_status
 from mvsink.plan import tombstones
 from mvsink.table.catalog import locate
 from mvsink.table.delta import load_snapshot
 from mvsink.table.log import history as delta_history
 from mvsink.table.record import (
+    HISTORY,
     HOLDER,
     PROMOTED,
+    VIEW,
     EpochCommit,
     Keys,
     compacted_rows_per_file,
@@ -94,6 +97,9 @@ class ViewStatus:
     """Sinks of the view stalled under a shared clock (``clock.Stall``): each says its writer,
     lineage, the epoch it stalled ``since_epoch``, its last ``epoch``, ``time``, the
     ``committed`` time it cannot pass and the ``verdict``. Empty: none."""
+    kept_history: HistoryStatus | None = None
+    """The view's history (``history_target``) named by its newest commit within the history
+    read: what it holds (``ops/history.py``). None: it keeps none (or none was made yet)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,14 @@ class Status:
                 lines.append(f"    committed source offsets {json.dumps(v.committed_time, sort_keys=True)}")
             if v.tombstones is not None:
                 lines.append(f"    {v.tombstones:,} tombstone(s) of deleted keys")
+            h = v.kept_history
+            if h is not None:
+                since = f"since {h.known_since}" if h.known_since else "since the view's first version"
+                lines.append(
+                    f"    history {h.root}: versions {h.known_from}..{h.holds_to} ({h.open_lifetimes:,} "
+                    f"open lifetimes, {h.closed_lifetimes:,} closed; {h.files:,} files, {h.bytes:,} bytes); "
+                    f"oldest lifetime from {h.oldest}, the view known {since}"
+                )
             for note in v.stalled:
                 lines.append(
                     f"    STALLED: writer {note.get('writer')} (lineage {note.get('lineage')}) wrote nothing "
@@ -273,7 +287,16 @@ def _view(
         committed_time=newest.time if newest else None,
         tombstones=tombstones.count(store, snap, view),
         stalled=tuple(stalled),
+        kept_history=_kept_history(view, commits, store.options),
     )
+
+
+def _kept_history(
+    view: str, commits: list[dict[str, Any]], options: Mapping[str, str]
+) -> HistoryStatus | None:
+    """The history the view's newest commit among ``commits`` names, if any."""
+    root = next((str(c[HISTORY]) for c in commits if c.get(VIEW) == view and c.get(HISTORY)), None)
+    return None if root is None else history_status(root, view, options)
 
 
 def describe_missing_table(target: str, storage_options: Mapping[str, str] | None = None) -> str:

@@ -38,6 +38,7 @@ from mvsink.epoch.clock import (
     last_offsets,
 )
 from mvsink.errors import ConfigError, InputError, Where, first_line
+from mvsink.ops.history import HistoryCheck, check_history
 from mvsink.plan.distributed import mismatched_entries, stored_rows, with_fingerprints
 from mvsink.plan.rules import rules_for
 from mvsink.table.catalog import locate
@@ -137,6 +138,9 @@ class Verification:
     """``verify --job`` of a view under ``clock = "source_offsets"``: where desired was
     computed (at the view's committed offsets, for Kafka sources) and how far behind its
     sources the view is."""
+    history: HistoryCheck | None = None
+    """With a view name, of a view keeping a history: whether its open lifetimes are the
+    table's rows (``ops/history.py``)."""
 
     @property
     def equal(self) -> bool:
@@ -145,8 +149,8 @@ class Verification:
 
     @property
     def ok(self) -> bool:
-        """Equal, and no index entry contradicts its file."""
-        return self.equal and not self.index_mismatches
+        """Equal, no index entry contradicts its file, and the history (if any) is the table."""
+        return self.equal and not self.index_mismatches and (self.history is None or self.history.equal)
 
     def to_json(self) -> dict[str, Any]:
         out = {"format": FORMAT, "equal": self.equal, **asdict(self)}
@@ -162,6 +166,8 @@ class Verification:
             for p in self.index_mismatches
         ]
         where = self.position.describe() if self.position is not None else []
+        if self.history is not None:
+            stale.append(str(self.history))
         if self.equal:
             return "\n".join([f"{head} equals {desired}: {self.target_rows:,} rows", *where, *stale])
         lines = [
@@ -218,6 +224,10 @@ def verify(
         if name and snap.files:
             index = StoredIndex.of(Store(snap.root, options), name, layout.arrow)
             result = replace(result, index_mismatches=tuple(mismatched_entries(spark, snap, index, layout)))
+        if name:
+            assert snap.version is not None
+            history = check_history(spark, target, name, snap.version, have, layout, options)
+            result = replace(result, history=history)
         return replace(result, position=position)
     except Exception as exc:
         raise_task_errors(exc, where)  # an mvsink error inside a task (e.g. a file unreadable)

@@ -50,6 +50,8 @@ from mvsink.errors import DuplicateKeyError, InputError, Where
 from mvsink.plan import tombstones
 from mvsink.plan.context import EpochContext
 from mvsink.plan.distributed import with_fingerprints
+from mvsink.plan.late import ROWS_PER_FILE as LATE_ROWS_PER_FILE
+from mvsink.plan.late import LateEvents
 from mvsink.plan.prune import candidate_files, files_in_ranges
 from mvsink.plan.rules import RULE, Rules, broken_error, checked, rules_for
 from mvsink.plan.tombstones import Changes, Manifest, NewSet, Tombstones
@@ -276,6 +278,12 @@ class Upsert:
     def keeps_tombstones(self) -> bool:
         return self.spec.sequence_column is not None and self.spec.delete_column is not None
 
+    @property
+    def keeps_history(self) -> bool:
+        """The view keeps a history, which records its late events (``late.py``): with a
+        sequence column, an event older than what its key holds."""
+        return self.spec.sequence_column is not None and self.ctx.opts.history_target is not None
+
     def plan(self, snap: Snapshot, layout: Layout) -> Plan:
         ctx, schema = self.ctx, layout.struct
         rules = rules_for(snap, ctx.opts, ctx.where)
@@ -348,12 +356,14 @@ class Upsert:
             tables = self._read(files, layout, snap)
             stored = _stored(tables, touched, self.spec)
         with ctx.phase("diff"):
-            insert, drop_file, drop_pos, changes = _decide_keys(touched, stored, self.spec, live)
+            insert, drop_file, drop_pos, changes, late = _decide_keys(touched, stored, self.spec, live)
         n = int(insert.sum())
         inserts = touched.filter(pa.array(insert)).select(layout.struct.names) if n else None
         rewrites = _rewrites(files, tables, drop_file, drop_pos)
         # The touched keys were collected from the whole batch (in this attempt or an earlier one).
         plan = Plan(inserts, n, rewrites, files_read=len(files), ran_batch=True)
+        if self.keeps_history and late.any():
+            plan = self._with_late(plan, touched.filter(pa.array(late)).select(layout.struct.names), layout)
         if marks is None or live is None or changes is None or (changes.empty and not marks.expired):
             return plan
         return self._with_set(plan, marks, tombstones.next_set(live, changes, self.spec.key, marks.now))
@@ -385,11 +395,16 @@ class Upsert:
         self.marks = _Marks(manifest, shape, now, now - retention, kept)
         return self.marks
 
+    def _with_late(self, plan: Plan, rows: pa.Table | DataFrame, layout: Layout) -> Plan:
+        """``plan``, writing ``rows`` as the late events its commit met (``late.py``)."""
+        made = LateEvents.of(self.ctx.opts.name, rows, layout, self.ctx.where)
+        return replace(plan, sides=(*plan.sides, made.side()))
+
     def _with_set(self, plan: Plan, marks: _Marks, rows: pa.Table | DataFrame) -> Plan:
         """``plan``, writing ``rows`` as the view's next tombstone set."""
         opts = self.ctx.opts
         self.made = tombstones.new_set(opts.name, opts.app_id, rows, marks.schema)
-        return replace(plan, side=self.made.side())
+        return replace(plan, sides=(*plan.sides, self.made.side()))
 
     def _read(self, files: list, layout: Layout, snap: Snapshot) -> list[pa.Table]:  # type: ignore[type-arg]
         store = self.ctx.store
@@ -411,7 +426,7 @@ class Upsert:
         out = StructType([*fields, StructField(_KIND, IntegerType()), *_ADDRESS.fields[:2]])
         # Sorted by key within each partition: a task decides its keys a chunk at a time.
         keys = [F.col(quote(k)) for k in spec.key]
-        decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS)
+        decider = _Decider(spec, layout, marks is not None, DECIDE_CHUNK_ROWS, self.keeps_history)
         decided = map_in_arrow(both.repartition(*keys).sortWithinPartitions(*keys), decider, out)
         decided = decided.persist(KEEP)
         self.attempt.append(decided)
@@ -438,6 +453,10 @@ class Upsert:
             files_read=len(numbers),
             ran_batch=ran_batch,
         )
+        if counts.get(4, 0):
+            late = decided.where(F.col(_KIND) == 4).select(*[F.col(quote(c)) for c in layout.struct.names])
+            # About a file's worth of late events per write task (not a file per decide task).
+            plan = self._with_late(plan, late.coalesce(-(-counts[4] // LATE_ROWS_PER_FILE)), layout)
         if marks is None or (counts.get(2, 0) + counts.get(3, 0) == 0 and not marks.expired):
             return plan
         # The next set, in Spark: never on the driver; about PART_ROWS tombstones a part.
@@ -497,7 +516,7 @@ class Upsert:
         self.attempt = []
 
     def committed(self, staged: Staged) -> None:
-        if self.made is not None and staged.side is not None:
+        if self.made is not None and any(s.writer is self.made for s in staged.sides):
             rows = self.made.rows
             self.tombstones.remember(self.made.number, rows if isinstance(rows, pa.Table) else None)
         marks = self.marks
@@ -568,16 +587,18 @@ def _stored(tables: list[pa.Table], touched: pa.Table, spec: UpsertSpec) -> pa.T
 
 def _decide_keys(
     touched: pa.Table, stored: pa.Table | None, spec: UpsertSpec, tombs: pa.Table | None = None
-) -> tuple[npt.NDArray[np.bool_], I64, I64, Changes | None]:
+) -> tuple[npt.NDArray[np.bool_], I64, I64, Changes | None, npt.NDArray[np.bool_]]:
     """Per touched key (rule 3 of the module doc), vectorised: which batch rows to insert, the
-    stored rows to drop as (file number, position), and, given the touched keys' tombstones
-    (``tombstones.py``), what happens to them (None: the view keeps none)."""
+    stored rows to drop as (file number, position), given the touched keys' tombstones
+    (``tombstones.py``) what happens to them (None: the view keeps none), and which batch rows
+    are late events (``late.py``)."""
     n = touched.num_rows
     wanted = _Wanted(
         touched.column(FP_A).to_numpy().copy(),
         touched.column(FP_B).to_numpy().copy(),
         ~touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool),
         np.ones(n, dtype=bool),
+        np.zeros(n, dtype=bool),
     )
     z = np.zeros(0, dtype=np.int64)
     # Tie each stored row to its touched key (``_TI``).
@@ -587,7 +608,7 @@ def _decide_keys(
     if spec.sequence_column:
         changes = _newest_wins(touched, held, index, tombs, spec, wanted)
     if held is None:
-        return wanted.row & wanted.from_batch, z, z, changes
+        return wanted.row & wanted.from_batch, z, z, changes, wanted.late
     ti, starts = held.ti, held.starts
     match = wanted.row[ti] & (held.a == wanted.a[ti]) & (held.b == wanted.b[ti])
     seen = np.cumsum(match)
@@ -602,6 +623,7 @@ def _decide_keys(
         held.rows.column(FILE).filter(drop).to_numpy().astype(np.int64),
         held.rows.column(POS).filter(drop).to_numpy(),
         changes,
+        wanted.late,
     )
 
 
@@ -616,6 +638,9 @@ class _Wanted:
     """Whether the key should hold a row at all (not deleted)."""
     from_batch: npt.NDArray[np.bool_]
     """Whether that row is the batch's (else a stored one, or nothing, stays)."""
+    late: npt.NDArray[np.bool_]
+    """Whether the batch's row is a late event: a row (not a delete) older than what its key
+    holds, a stored row or a tombstone (``late.py``)."""
 
 
 @dataclass(frozen=True)
@@ -680,6 +705,8 @@ def _newest_wins(
         r = newest_of[k]
         wanted.a[k], wanted.b[k], wanted.row[k], wanted.from_batch[k] = held.a[r], held.b[r], True, False
     wanted.row[tomb_newer], wanted.from_batch[tomb_newer] = False, False
+    deletes = touched.column(DEL).to_numpy(zero_copy_only=False).astype(bool)
+    wanted.late[:] = (stored_newer | tomb_newer) & ~deletes
     if tombs is None:
         return None
     deleted = wanted.from_batch & ~wanted.row  # the batch's delete is the newest event of its key
@@ -777,6 +804,8 @@ class _Decider:
     them go out as kind 2 (a key's new tombstone) and kind 3 (a key's tombstone cleared)."""
     chunk_rows: int = DECIDE_CHUNK_ROWS
     """Rows decided at a time."""
+    late: bool = False
+    """The view keeps a history: its late events go out as kind 4 (the event's row)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         chunk = self.chunk_rows
@@ -827,7 +856,7 @@ class _Decider:
             marked = table.filter(pa.array(side == 2))
             tombs = pa.table({c: marked.column(c).cast(schema.field(c).type) for c in [*spec.key, *seq]})
         with in_task("deciding touched keys"):
-            insert, drop_file, drop_pos, changes = _decide_keys(
+            insert, drop_file, drop_pos, changes, late = _decide_keys(
                 touched, stored if stored.num_rows else None, spec, tombs
             )
         out = pa.schema(
@@ -843,6 +872,8 @@ class _Decider:
         if changes is not None:
             yield from _out(changes.set, 2, out)
             yield from _out(changes.cleared, 3, out)
+        if self.late and late.any():
+            yield from _out(touched.filter(pa.array(late)).select(schema.names), 4, out)
 
 
 def _last_key_start(table: pa.Table, key: Sequence[str]) -> int:

@@ -71,6 +71,9 @@ class SideFiles:
     folder: str
     writer: SideWriter
     transactions: Mapping[str, int]
+    commits: bool = False
+    """The attempt commits for these files alone (it commits a version even if it changes no
+    row): what they record happens nowhere else."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Plan:
     """Fingerprints of a driver-held ``inserts``, when the staged files are to be indexed."""
     index: StoredIndex | None = None
     """Where the staged files' index entries go (complete mode keeps an index), if anywhere."""
-    side: SideFiles | None = None
+    sides: tuple[SideFiles, ...] = ()
     # What the planner found making it (the epoch's report reads them):
     files_read: int = 0
     """Data files of the snapshot this attempt reads: to plan, or to write back a rewritten
@@ -119,9 +122,9 @@ class Staged:
     """Change files (Change Data Feed): the retracted and inserted rows, with ``CHANGE_TYPE``."""
     updates: tuple[DataFile, ...] = ()
     """Files of ``removes`` added again with a new deletion vector (which drops rows of theirs)."""
-    side: SideFiles | None = None
+    sides: tuple[SideFiles, ...] = ()
     side_paths: tuple[str, ...] = ()
-    """The files ``side`` wrote."""
+    """The files ``sides`` wrote."""
     replaces_all: bool = False
     """The plan's ``Plan.replaces_all``: the commit replaces every file with desired."""
 

@@ -169,6 +169,20 @@ def history_metadata(view: str, version: int, by: str, opened: int, closed: int)
     }
 
 
+def tidy_metadata(view: str, removed: int, added: int, dropped: int) -> dict[str, str]:
+    """The commit metadata of a compaction of ``view``'s history (``History.tidy``): it holds
+    the same versions of the view, less ``dropped`` lifetimes past the history's retention."""
+    return {
+        "userMetadata": (
+            f"mvsink history of view {view}: compacted {removed} file(s) of closed lifetimes into "
+            f"{added}, {dropped} lifetime(s) past the retention dropped"
+        ),
+        HISTORY_OF: view,
+        "mvsink.by": "compact",
+        "mvsink.dropped": str(dropped),
+    }
+
+
 HOLDER = "mvsink#holder"
 """The app transaction naming the view that holds the table, by ``holder_tag``."""
 
@@ -264,6 +278,12 @@ class Keys:
     @property
     def tombstones(self) -> str:
         return f"{self.app_id}#tombstones"
+
+    @property
+    def late(self) -> str:
+        """Set by a commit of an upsert view keeping a history that met late events: the
+        number of their folder (``plan/late.py``)."""
+        return f"{self.app_id}#late"
 
     def clock_taken(self, lineage: str) -> str:
         """Set by every commit of lineage ``L`` under a shared clock with ``take_over`` naming

@@ -57,13 +57,13 @@ def stage(
     (``_start_rewrites``), the inserts are written meanwhile (``_write_inserts``), the rewrites
     end, the new files are indexed (``_index``) and every row counted (``_check_counts``)."""
     if plan.inserts is None and not plan.rewrites:
-        if plan.side is None:
+        if not plan.sides:
             return NOTHING
-        return replace(NOTHING, side=plan.side, side_paths=_write_side(store, plan.side, where))
+        return replace(NOTHING, sides=plan.sides, side_paths=_write_sides(store, plan.sides, where))
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
     changes = f"{folder}/{CHANGE_DIR}" if change_feed and plan.rewrites else None
     at = _Attempt(store, layout, folder, changes, max_rows_per_file, where, deletion_vectors)
-    side_paths = _write_side(store, plan.side, where) if plan.side is not None else ()
+    side_paths = _write_sides(store, plan.sides, where)
     written: list[Written] = []
     with _discarded_on_failure(store, folder, plan, written, where):
         with ThreadPoolExecutor(IO_THREADS) as pool:
@@ -86,7 +86,7 @@ def stage(
         plan.retracted,
         tuple(w.file for w in changed),
         tuple(u.update for u in rewritten.updates if u.update is not None),
-        plan.side,
+        plan.sides,
         side_paths,
         replaces_all=plan.replaces_all,
     )
@@ -101,18 +101,18 @@ def _discarded_on_failure(
     try:
         yield
     except InputError as exc:
-        _discard(store, folder, plan.index, written, plan.side)
+        _discard(store, folder, plan.index, written, plan.sides)
         if str(exc.where):
             raise
         raise InputError(exc.message, where) from None
     except OSError as exc:  # the store refused a write: read-only, full, unreachable
-        _discard(store, folder, plan.index, written, plan.side)
+        _discard(store, folder, plan.index, written, plan.sides)
         raise StorageError(
             f"cannot write this attempt's files under {folder}: {first_line(exc)}. Nothing was committed.",
             where,
         ) from exc
     except BaseException:
-        _discard(store, folder, plan.index, written, plan.side)
+        _discard(store, folder, plan.index, written, plan.sides)
         raise
 
 
@@ -255,18 +255,28 @@ def _check_counts(
     return total - kept
 
 
-def _write_side(store: Store, side: SideFiles, where: Where) -> tuple[str, ...]:
-    try:
-        return tuple(side.writer.write(store))
-    except OSError as exc:
+def _write_sides(store: Store, sides: Sequence[SideFiles], where: Where) -> tuple[str, ...]:
+    """Write each of ``sides``; the paths written. On a failure, every side's folder goes."""
+    paths: list[str] = []
+    for side in sides:
+        try:
+            paths += side.writer.write(store)
+        except OSError as exc:
+            _drop_sides(store, sides)
+            raise StorageError(
+                f"cannot write {side.folder}: {first_line(exc)}. Nothing was committed.", where
+            ) from exc
+        except BaseException as exc:
+            _drop_sides(store, sides)
+            if isinstance(exc, Exception):
+                raise_task_errors(exc, where)
+            raise
+    return tuple(paths)
+
+
+def _drop_sides(store: Store, sides: Sequence[SideFiles]) -> None:
+    for side in sides:
         store.delete_folder(side.folder)
-        raise StorageError(
-            f"cannot write {side.folder}: {first_line(exc)}. Nothing was committed.", where
-        ) from exc
-    except Exception as exc:
-        store.delete_folder(side.folder)
-        raise_task_errors(exc, where)
-        raise
 
 
 def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
@@ -275,18 +285,20 @@ def discard(staged: Staged, store: Store, index: StoredIndex | None) -> None:
         store.delete_folder(staged.folder)
         if index is not None:
             index.forget(f.path for f in staged.adds)
-    if staged.side is not None:
-        store.delete_folder(staged.side.folder)
+    _drop_sides(store, staged.sides)
 
 
 def _discard(
-    store: Store, folder: str, index: StoredIndex | None, written: list[Written], side: SideFiles | None
+    store: Store,
+    folder: str,
+    index: StoredIndex | None,
+    written: list[Written],
+    sides: Sequence[SideFiles],
 ) -> None:
     store.delete_folder(folder)
     if index is not None:
         index.forget(w.file.path for w in written)
-    if side is not None:
-        store.delete_folder(side.folder)
+    _drop_sides(store, sides)
 
 
 def clustered(

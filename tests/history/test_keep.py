@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections import Counter
 
 import pyarrow as pa
 import pytest
@@ -13,67 +12,29 @@ from deltalake import DeltaTable, write_deltalake
 
 from mvsink import ConfigError, MVSink, SchemaMismatchError, UnsupportedTableError, failpoints
 from mvsink.ops.compact import compact
-from mvsink.table.record import HistoryKeys
 from tests.helpers import (
     added,
+    assert_holds_every_version,
     commit_info,
     data_files_on_disk,
     foreign_append,
     frame,
-    multiset,
+    history_frontier,
+    lifetimes,
+    once,
     people,
-    target_table,
     versions,
 )
 
 pytestmark = pytest.mark.usefixtures("engine")
 
-LIFETIME = {
-    "valid_from",
-    "valid_to",
-    "opened_version",
-    "opened_epoch",
-    "opened_by",
-    "closed_version",
-    "closed_epoch",
-    "closed_by",
-}
 FAST = {"retry": {"initial_backoff_s": 0.0, "max_backoff_s": 0.01}}
-
-
-def lifetimes(history: str) -> list[dict]:
-    return DeltaTable(history).to_pyarrow_table().to_pylist()
 
 
 def open_lifetimes(history: str) -> list[tuple]:
     return sorted(
         (r["id"], r["opened_version"], r["valid_from"]) for r in lifetimes(history) if r["valid_to"] is None
     )
-
-
-def held_at(history: str, version: int) -> Counter:
-    """The view at ``version`` as its history says, read with delta-rs (not mvsink)."""
-    rows = [
-        r
-        for r in lifetimes(history)
-        if r["opened_version"] <= version and (r["closed_version"] is None or r["closed_version"] > version)
-    ]
-    return Counter(tuple(v for k, v in r.items() if k not in LIFETIME) for r in rows)
-
-
-def table_at(target: str, version: int) -> Counter:
-    return multiset(target_table(target, version))
-
-
-def history_frontier(history: str, view: str) -> int | None:
-    return DeltaTable(history).transaction_version(HistoryKeys(view).frontier)
-
-
-def assert_holds_every_version(target: str, history: str, view: str, since: int = 0) -> None:
-    newest = DeltaTable(target).version()
-    assert history_frontier(history, view) == newest + 1
-    for v in range(since, newest + 1):
-        assert held_at(history, v) == table_at(target, v), f"version {v}"
 
 
 def test_the_history_holds_every_version_of_a_complete_view(spark, target, placement):
@@ -151,14 +112,14 @@ def test_a_replay_adds_nothing_to_the_history(spark, tmp_path):
     assert_holds_every_version(target, history, "v")
 
 
-def test_replicas_racing_hold_each_version_once(spark, tmp_path):
+def test_replicas_racing_hold_each_versiononce(spark, tmp_path):
     target, history = str(tmp_path / "t"), str(tmp_path / "h")
     a = MVSink(target, "rep", history_target=history, **FAST)
     b = MVSink(target, "rep", history_target=history, **FAST)
     a(people(spark, range(5)), 0)
     desired = people(spark, range(2, 9))
     # b commits epoch 1 (and its history) inside a's attempt, between a's snapshot and commit.
-    with failpoints.armed({"before_commit": _once(lambda: b(desired, 1))}, view="rep"):
+    with failpoints.armed({"before_commit": once(lambda: b(desired, 1))}, view="rep"):
         assert a(desired, 1).outcome == "replay"
     # a's view commit lands and a crashes before its history's; then a's replay stages the
     # history's commit and, in that window, b's epoch lands the same history version first.
@@ -345,22 +306,6 @@ def test_a_view_with_a_lifetime_column_is_refused(spark, tmp_path):
     _untouched(target, None)
 
 
-def test_upsert_mode_keeps_no_history_yet(tmp_path):
-    with pytest.raises(ConfigError, match="upsert mode keeps no history yet"):
-        MVSink(str(tmp_path / "t"), "v", mode="upsert", key=["id"], history_target=str(tmp_path / "h"))
-
-
 def test_the_history_cannot_lie_inside_the_target(tmp_path):
     with pytest.raises(ConfigError, match="history_target"):
         MVSink(str(tmp_path / "t"), "v", history_target=str(tmp_path / "t" / "h"))
-
-
-def _once(fn):
-    done = []
-
-    def call(*_):
-        if not done:
-            done.append(1)
-            fn()
-
-    return call
