@@ -8,9 +8,11 @@
 Invariants (cited elsewhere by number):
 
 * H1. The history's frontier ``f`` (``record.HistoryKeys``) says it holds versions ``0 ..
-  f - 1`` of the view's table, or those since it began: its open lifetimes are then the rows
-  of version ``f - 1``, one for one, and the view at any time ``t`` it holds is the rows
-  whose lifetime holds ``t`` (``valid_from <= t < valid_to``).
+  f - 1`` of the view's table, or those since ``#since`` (where it began, or past every
+  lifetime its retention dropped: ``History.tidy``): its open lifetimes are then the rows of
+  version ``f - 1``, one for one, and the view at any version or time it holds is the rows
+  whose lifetime holds it (``valid_from <= t < valid_to``). A lifetime no version holds
+  (``opened_version = closed_version``: an upsert view's late event) changes no answer.
 * H2. A history commit holds exactly one version of the view, the one at its frontier, and
   lands only on the history's snapshot it was made from (the strict commit): so replicas,
   replays and restarts add each version once.
