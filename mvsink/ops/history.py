@@ -174,9 +174,10 @@ def as_of(
     )
 
 
-class _Moved(HistoryBehindError):
+class _Moved(Exception):
     """What the history knows whole (``#since``, ``#began``) moved between ``find`` and the
-    snapshot a read lists its files from (a compaction's retention landed in between)."""
+    snapshot a read lists its files from (a compaction's retention landed in between): the
+    read starts again (``MOVES`` times at most)."""
 
 
 def _as_of(
@@ -292,7 +293,7 @@ def _read(
     snap = load_snapshot(held.root, keys.frontier, held.options, where, writing=False)
     since, began = snap.transaction(keys.since), snap.transaction(keys.began)
     if (0 if since is None else since - 1, began) != (held.since, held.began_ms):
-        raise _Moved("the history's compaction moved what it knows", where)
+        raise _Moved()
     assert snap.schema_json is not None
     struct = target_struct(snap.schema_json)
     schema = arrow_schema(struct)
@@ -497,11 +498,14 @@ def check_history(
     if last != table_version:
         return HistoryCheck(held.root, last, table_version, None)
     where = Where(name, target)
-    try:
-        lifetimes = _read(spark, held, _Held(OPENED_VERSION, CLOSED_VERSION, last), where, open_only=True)
-    except _Moved:  # a compaction of the history landed meanwhile: what it holds is unchanged
-        held = find(spark, target, name, history_target=root, storage_options=storage_options)
-        lifetimes = _read(spark, held, _Held(OPENED_VERSION, CLOSED_VERSION, last), where, open_only=True)
+    for _ in range(MOVES):
+        try:
+            lifetimes = _read(spark, held, _Held(OPENED_VERSION, CLOSED_VERSION, last), where, open_only=True)
+            break
+        except _Moved:  # a compaction of the history landed meanwhile: what it holds is unchanged
+            held = find(spark, target, name, history_target=root, storage_options=storage_options)
+    else:
+        return HistoryCheck(held.root, last, table_version, None)
     fp = [FP_A, FP_B]
     counts = (
         with_fingerprints(lifetimes, layout)
