@@ -298,19 +298,12 @@ class History:
                 )
             gone_files.append(found)
         schema = self._arrow(view)
-        reads = [self.store.read(h, schema, ()) for h in gone_files]
-        gone = pa.concat_tables(reads) if reads else schema.empty_table()
-        kept, closed = carry(gone, [self._rows(view, f, version) for f in adds], change, schema)
-        opened_n = sum(int(pc.sum(pc.equal(t.column(OPENED_VERSION), version)).as_py() or 0) for t in kept)
         late_parts = self._late(view, actions, version)
-        if isinstance(late_parts, Lost):
-            return late_parts
         folder = self._folder()
         written: list[NewFile] = []
-        n_closed = closed.num_rows
         try:
-            for f, rows in zip(adds, kept, strict=True):  # (a file of no rows too: a later remove finds it)
-                written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+            opened_n, closed = self._mirror(view, version, gone_files, adds, change, schema, folder, written)
+            n_closed = closed.num_rows
             if closed.num_rows:
                 written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
             # Late events, a part at a time (a version may meet many): a file of lifetimes each.
@@ -337,6 +330,36 @@ class History:
         if outcome is None:
             self._sweep_late(view)
         return outcome
+
+    def _mirror(
+        self,
+        view: View,
+        version: int,
+        gone_files: Sequence[DataFile],
+        adds: Sequence[DataFile],
+        change: Change,
+        schema: pa.Schema,
+        folder: str,
+        written: list[NewFile],
+    ) -> tuple[int, pa.Table]:
+        """Write the mirrors of the files ``change`` added under ``folder`` (onto ``written``):
+        their rows' open lifetimes, carried from those of the files it removed (``carry``).
+        How many lifetimes it opened, and those it closed. With nothing removed (a first load,
+        an append), every added row opens a lifetime: read and written a file at a time, so the
+        driver holds one file's rows, not the version's."""
+        if not gone_files:
+            n = 0
+            for f in adds:
+                rows = opened(self._rows(view, f, version), change, schema)
+                written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+                n += rows.num_rows
+            return n, schema.empty_table()
+        gone = pa.concat_tables([self.store.read(h, schema, ()) for h in gone_files])
+        kept, closed = carry(gone, [self._rows(view, f, version) for f in adds], change, schema)
+        for f, rows in zip(adds, kept, strict=True):  # (a file of no rows too: a later remove finds it)
+            written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+        opened_n = sum(int(pc.sum(pc.equal(t.column(OPENED_VERSION), version)).as_py() or 0) for t in kept)
+        return opened_n, closed
 
     def _late(self, view: View, actions: Sequence[Mapping[str, Any]], version: int) -> list[str]:
         """The part files of the late events version ``version`` met (``plan/late.py``; none:
