@@ -13,9 +13,13 @@ import mvsink
 from mvsink import DuplicateKeyError, MVSink, frontier
 from mvsink.compat import SPARK_LINE, to_arrow
 from tests.helpers import (
+    KEYED,
     assert_equal_to,
+    assert_holds_every_version,
     expected,
     foreign_append,
+    keyed,
+    lifetimes,
     multiset,
     run_available,
     target_table,
@@ -142,3 +146,17 @@ def test_a_history_is_kept_and_read_under_connect(connect, local_target, placeme
     assert multiset(to_arrow(mvsink.as_of(connect, local_target, "hist", 0))) == multiset(
         target_table(local_target, 0)
     )
+
+
+def test_an_upsert_views_history_keeps_its_late_events_under_connect(connect, local_target, placement):
+    history = f"{local_target}_history"
+    sink = keyed(local_target, history, placement)
+    sink(connect.createDataFrame([(1, "a", 5, False), (2, "b", 5, False)], KEYED), 0)
+    sink(connect.createDataFrame([(1, "late", 4, False), (2, None, 6, True)], KEYED), 1)
+    assert_holds_every_version(local_target, history, "keyed")
+    late = [
+        (r["v"], r["opened_version"], r["closed_version"])
+        for r in lifetimes(history)
+        if r["opened_by"] == "late"
+    ]
+    assert late == [("late", 1, 1)]

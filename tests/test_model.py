@@ -73,8 +73,9 @@ from mvsink import (
 from mvsink.cli.main import main
 from mvsink.compat import to_arrow
 from mvsink.ops.compact import compact
+from mvsink.ops.history import compact_history
 from mvsink.table.record import HistoryKeys
-from tests.helpers import commit_info, log_entry, target_table, versions
+from tests.helpers import commit_info, target_table, versions
 from tests.reference_model import Row, Shape, Sink, View
 
 # Commits go through delta-rs here: the Delta line's engine is the other suites' business.
@@ -677,6 +678,27 @@ class SinkModel(RuleBasedStateMachine):
             compact(self.target, self.name, max_rows_per_file=40)
         self.tally["compactions that merged files"] += len(self._versions()) - len(before)
 
+    @precondition(lambda self: self.view is not None and self.view.exists)
+    @rule(pick=st.integers(0, 1000))
+    def the_history_drops_what_ended_before_a_past_version(self, pick: int) -> None:
+        """docs/history.md: the history's retention drops lifetimes that ended before its start
+        (here, a past version's time), never an open one; the history then knows the view from
+        past every lifetime it dropped, and whole from there (the invariants check it)."""
+        history = self._history()
+        if not os.path.isdir(os.path.join(history, "_delta_log")):
+            return
+        held = [v for v in self._versions() if v < (_held(history, self.name)[1])]
+        if not held:
+            return
+        self._step("history retention")
+        cut = _stamp(self.target, held[pick % len(held)])
+        opened = sorted(map(str, (r for r in _lifetimes(history) if r["valid_to"] is None)))
+        done = compact_history(
+            self.target, self.name, retention="1s", history_target=history, now_ms=cut + 1000
+        )
+        assert sorted(map(str, (r for r in _lifetimes(history) if r["valid_to"] is None))) == opened
+        self.tally["lifetimes the retention dropped"] += done.dropped
+
     # --- after every step --------------------------------------------------------------------------
 
     @invariant()
@@ -703,12 +725,8 @@ class SinkModel(RuleBasedStateMachine):
         history = self._history()
         if not os.path.isdir(os.path.join(history, "_delta_log")):
             return
-        held = HistoryKeys(self.name)
+        since, upto = _held(history, self.name)
         table = DeltaTable(history)
-        upto = table.transaction_version(held.frontier)
-        assert upto is not None, "the history records no frontier"
-        first = next(i for i in log_entry(history, 0) if "commitInfo" in i)["commitInfo"]
-        since = max(0, int(first.get("mvsink.view_version", 0))) if first.get("mvsink.by") == "start" else 0
         epochs = [v for v in self._versions() if "mvsink.epoch" in commit_info(self.target, v)]
         if epochs and commit_info(self.target, epochs[-1]).get("mvsink.view") == self.name:
             assert upto > epochs[-1], f"the history holds versions up to {upto - 1}, the view {epochs[-1]}"
@@ -736,11 +754,8 @@ class SinkModel(RuleBasedStateMachine):
         history = self._history()
         if not os.path.isdir(os.path.join(history, "_delta_log")):
             return
-        upto = DeltaTable(history).transaction_version(HistoryKeys(self.name).frontier) or 0
-        held = [v for v in self._versions() if v < upto]
-        first = next(i for i in log_entry(history, 0) if "commitInfo" in i)["commitInfo"]
-        if first.get("mvsink.by") == "start":
-            held = [v for v in held if v >= int(first.get("mvsink.view_version", 0))]
+        since, upto = _held(history, self.name)
+        held = [v for v in self._versions() if since <= v < upto]
         if not held:
             return
         self._step("read as of a past version")
@@ -760,6 +775,21 @@ class SinkModel(RuleBasedStateMachine):
         stored = target_table(self.target, version).select(columns).to_pylist()
         want = view.visible(tuple(r[c] for c in columns) for r in stored)
         assert got == want, f"as_of version {version}: extra {got - want}, missing {want - got}"
+
+
+def _held(history: str, view: str) -> tuple[int, int]:
+    """The versions of the view's table ``history`` holds whole: ``since .. upto - 1`` (where it
+    began, or past what its retention dropped; ``#since`` records the first plus one)."""
+    table = DeltaTable(history)
+    keys = HistoryKeys(view)
+    upto = table.transaction_version(keys.frontier)
+    assert upto is not None, "the history records no frontier"
+    since = table.transaction_version(keys.since)
+    return (0 if since is None else int(since) - 1), int(upto)
+
+
+def _lifetimes(history: str) -> list[dict[str, Any]]:
+    return DeltaTable(history).to_pyarrow_table().to_pylist()
 
 
 def _stamp(target: str, version: int) -> int:
