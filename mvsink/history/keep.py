@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -437,10 +436,9 @@ class History:
             n += f.num_records or 0
         schema = arrow_schema(target_struct(snap.schema_json))
         rows = pa.concat_tables([self.store.read(f, schema, ()) for f in taken])
-        old = np.zeros(rows.num_rows, bool)
-        if kept_from_us is not None:
-            old = _true(pc.less(rows.column(VALID_TO).cast(pa.int64()), kept_from_us))
-        dropped, kept = rows.filter(pa.array(old)), rows.filter(pa.array(~old))
+        cut = kept_from_us if kept_from_us is not None else -(1 << 62)  # (none: nothing ended before it)
+        old = pc.fill_null(pc.less(rows.column(VALID_TO).cast(pa.int64()), cut), False)
+        dropped, kept = rows.filter(old), rows.filter(pc.invert(old))
         marks: dict[str, int] = {}
         if dropped.num_rows:
             # The first version (and time) every lifetime still kept tells whole.
@@ -590,10 +588,6 @@ def _before(first_end: int | None, kept_from_us: int | None) -> bool:
     """Whether a file whose earliest ``valid_to`` is ``first_end`` (None: not known) may hold a
     lifetime that ended before ``kept_from_us`` (None: every lifetime is kept)."""
     return kept_from_us is not None and (first_end is None or first_end < kept_from_us)
-
-
-def _true(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 @dataclass(frozen=True)
