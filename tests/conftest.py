@@ -76,34 +76,65 @@ _BEFORE_ANY_IO = ("tests/test_errors.py", "tests/plan/test_rules.py")
 """Suites of refusals decided before the sink reads or writes the target: on local disk only
 (the store cannot change them; tests/table/test_stores.py has the store's own errors)."""
 
+_STORE_SUITES = (
+    "tests/table/test_stores.py",
+    "tests/table/test_storage.py",
+    "tests/table/test_uris.py",
+    "tests/table/test_commit.py",
+    "tests/test_sink.py",
+    "tests/test_concurrency.py",
+    "tests/test_connect.py",
+    "tests/plan/test_distributed.py",
+)
+"""Where a test on S3 proves something local disk cannot: the stores' own suites, the commit's
+outcomes, the epoch end to end, replicas racing, Spark's own tasks and Connect reaching the
+store. Every other suite runs on local disk: what it proves is planning over the same I/O
+layer (``mvsink.table.storage``), which these suites prove on each store."""
+
+_PLANNING_SUITES = ("tests/plan/test_upsert.py", "tests/plan/test_append.py", "tests/plan/test_late.py")
+"""Suites of a mode's planning over the adds the engine reads: the same code on either engine
+(tests/interop proves the JVM's adds are the log's, and its upsert and append commits). The
+Delta lines leave them to the main lines."""
+
+_EVERY_VARIANT = ("tests/test_connect.py", "tests/plan/test_distributed.py", "tests/table/test_stores.py")
+"""Suites a line that runs each behaviour once (``_once``) still runs whole: Connect, the
+distributed placement's own suite and the stores'."""
+
 
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
-    """Whether this line runs ``item``. The main line runs everything on delta-rs (the refusal
-    suites ``_BEFORE_ANY_IO`` on local disk only). On Spark 3.5 it leaves out what no Spark
-    line changes: the ``newest_line`` runs (on the Delta 3.3 line too); S3 but where Spark
-    reaches it and the stores' own suite (nor Azure and GCS); the distributed placement but in
-    its own suite and under Connect. The Delta lines run tests/interop, and the behaviour
-    suites on delta-spark:
-    - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local server
-      can stand in for: docs/design.md; tests/interop covers the refusal of any other store);
-    - in classic sessions (under Spark Connect the engine is refused by design);
-    - in the driver placement, but for tests/plan/test_distributed.py, the placement's own suite
-      (the engine commits what either placement staged, through one path);
-    - not tests marked ``single_engine``."""
+    """Whether this line runs ``item``: the suite's matrix. Every variant of a behaviour runs
+    on one line, each axis on some line, not every product of them (the suite fits its budget
+    on 2 cores: make test).
+
+    - The newest PySpark runs every variant on delta-rs, on local disk; on S3 the suites
+      ``_STORE_SUITES`` (the refusal suites ``_BEFORE_ANY_IO`` on local disk only).
+    - PySpark 3.5 proves mvsink's Spark calls on that Spark: each behaviour once (its first
+      variant, ``_once``), on local disk, in the driver placement; Connect, the distributed
+      placement's suite and the stores' suite whole. It leaves out the ``newest_line`` runs,
+      which no Spark line changes, and Azure and GCS (reached through delta-rs and Arrow).
+    - The Delta 4.4 line runs tests/interop whole, and each behaviour once on the
+      ``delta-spark`` engine; the Delta 3.3 line runs tests/interop in the driver placement
+      (it is there for how the engine reaches that release's internals, which is the same
+      wherever the correction was planned). On the engine:
+      - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local
+        server can stand in for: docs/design.md; tests/interop covers the refusal of any
+        other store);
+      - in classic sessions (under Spark Connect the engine is refused by design);
+      - in the driver placement, but for tests/plan/test_distributed.py, the placement's own
+        suite (the engine commits what either placement staged, through one path);
+      - not tests marked ``single_engine``, nor the planning suites ``_PLANNING_SUITES``."""
     module = item.nodeid.split("::")[0]
     if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
         return False
     if not DELTA_LINE:
-        if chosen.get("target") == "s3" and module.endswith(_BEFORE_ANY_IO):
-            return False
         if chosen.get("engine") == "delta-spark":
+            return False
+        if chosen.get("target") == "s3" and not module.endswith(_STORE_SUITES):
+            return False
+        if chosen.get("target") == "s3" and module.endswith(_BEFORE_ANY_IO):
             return False
         if SPARK_LINE >= (4, 0):
             return True
-        # On Spark 3.5 the stores are reached as on 4.x (Arrow and delta-rs, not Spark): S3
-        # there only where Spark's own tasks reach it, and for the stores' own suite; the
-        # distributed placement in its own suite and under Connect (the rest is the same
-        # planning over the same Spark calls as there).
         if chosen.get("target") == "s3" and not module.endswith(("test_stores.py", "test_distributed.py")):
             return False
         if module.endswith("test_object_stores.py"):
@@ -112,14 +143,26 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
             ("test_distributed.py", "test_connect.py")
         )
     if "interop" in module:
-        return True
+        return SPARK_LINE >= (4, 0) or chosen.get("placement") != "distributed"
     return (
         chosen.get("engine") == "delta-spark"
         and chosen.get("target") in (None, "local")
         and not {"connect", "s3_options", "s3_target"} & set(getattr(item, "fixturenames", ()))
         and (chosen.get("placement") != "distributed" or module.endswith("test_distributed.py"))
         and item.get_closest_marker("single_engine") is None
+        and not module.endswith(_PLANNING_SUITES)
     )
+
+
+def _once(item: pytest.Item) -> str | None:
+    """The behaviour ``item`` is a variant of, on a line that runs each behaviour once (PySpark
+    3.5, and the Delta lines' behaviour suites); None where that line runs every variant."""
+    module = item.nodeid.split("::")[0]
+    if SPARK_LINE >= (4, 0) and not DELTA_LINE:
+        return None
+    if module.endswith(_EVERY_VARIANT) or "interop" in module:
+        return None
+    return f"{module}::{getattr(item, 'originalname', item.name)}"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -140,11 +183,12 @@ def _soak(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the distributed placement on local disk only, to keep the suite short: the store
-    is the I/O layer's business, and tests/plan/test_distributed.py runs that placement on S3.
-    Likewise the two-process race runs on S3, and on the ``delta-spark`` engine, in complete
-    mode only. Then each line keeps its own engine (``_line_runs``)."""
+    """Each line keeps its share of the matrix (``_line_runs``, then ``_once``). The
+    distributed placement runs on local disk only but in its own suite
+    (tests/plan/test_distributed.py runs it on S3); the two-process race runs on S3, and on
+    the ``delta-spark`` engine, in complete mode only."""
     keep, drop = [], []
+    seen: set[str] = set()
     soak = bool(os.environ.get("MVSINK_SOAK"))
     for item in items:
         params = getattr(item, "callspec", None)
@@ -163,6 +207,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         mode, placement = chosen.get("mode"), chosen.get("placement")
         trimmed = (on_s3 and placement == "distributed") or (slow and mode == "upsert")
+        behaviour = None if trimmed else _once(item)
+        if behaviour is not None:
+            trimmed = behaviour in seen  # this line runs the behaviour's first variant only
+            seen.add(behaviour)
         (drop if trimmed else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -824,9 +824,9 @@ def _plan(profile: str) -> Plan:
         base = int(os.environ.get("MVSINK_FUZZ_SEED") or random.randrange(2**32))
         steps = int(os.environ.get("MVSINK_FUZZ_STEPS", "30"))
         return Plan(int(fuzz), steps, base + offset, True, True)
-    # make test runs 4 histories a profile; make soak (CI, after make test) 8 more, other seeds.
+    # make test runs 3 histories a profile; make soak (by hand) 8 more, other seeds.
     soak = bool(os.environ.get("MVSINK_SOAK"))
-    examples = int(os.environ.get("MVSINK_MODEL_EXAMPLES", "8" if soak else "4"))
+    examples = int(os.environ.get("MVSINK_MODEL_EXAMPLES", "8" if soak else "3"))
     steps = int(os.environ.get("MVSINK_MODEL_STEPS", "15"))
     base = 35_000 if soak else 34_000
     return Plan(examples, steps, base + offset, bool(os.environ.get("MVSINK_MODEL_SHRINK")), False)
