@@ -3,10 +3,11 @@
 #   make test   creates .venv (and .venv-spark35, PySpark 3.5; .venv-delta, PySpark 4.2 for the
 #               JVM Delta line), fetches the JVM jars the lines need from Maven Central (jvm/)
 #               and Azurite from npm (tools/), installs mvsink with its dev tools, runs the
-#               whole test suite (Kafka and Azure against servers it starts) on the newest
-#               PySpark, again on 3.5 (with Connect), and the Delta lines: delta-spark 3.3 on
-#               3.5 and 4.4 on 4.2 (tests/interop, and the behaviour suites on their engine),
-#               in two tracks side by side, each line's output in build/test/
+#               test suite (Kafka and Azure against servers it starts) on the newest PySpark,
+#               each test again on 3.5 (with Connect), and the Delta lines: delta-spark 3.3
+#               on 3.5 and 4.4 on 4.2 (tests/interop, and behaviour suites on their engine),
+#               in two tracks side by side, each line's output in build/test/ (what each line
+#               runs: docs/testing.md)
 #   make soak   the short seeded fault runs (tests/chaos) and the longer model runs (by hand)
 #   make fuzz   runs the model-based test (tests/test_model.py) long, from a random seed it prints
 PYTHON ?= python3
@@ -108,11 +109,13 @@ DELTA_JVM := env -u JDK_JAVA_OPTIONS
 # What each line runs of the suite's matrix: tests/conftest.py (_line_runs).
 # The newest PySpark (every test but the distributed suite, which the standalone line runs on
 # the same PySpark, on a cluster), then delta-spark 3.3 on PySpark 3.5: the suites of how the
-# engine reaches that release's internals (the commit, the log, the catalog), in the driver
+# engine reaches that release's internals (the commit, the log, the catalog) and of its readers
+# reading mvsink's tables, in the driver
 # placement (the Delta 4.4 line runs the behaviour suites on the engine, whose code is the same
 # on both releases but for how it reaches their internals).
 DELTA33_SUITES := tests/interop/test_delta_jvm.py tests/interop/test_jvm_commit_store.py \
-	tests/interop/test_versions.py tests/interop/test_catalog_locations.py tests/table/test_commit.py
+	tests/interop/test_versions.py tests/interop/test_catalog_locations.py tests/interop/test_readers.py \
+	tests/interop/test_schema_readers.py tests/table/test_commit.py
 test-track1: $(STAMP) $(SPARK35_STAMP)
 	-@MVSINK_KAFKA_JARS="$(KAFKA4)" $(LINE) 4.x $(BIN)/python -m pytest -q --ignore=tests/chaos \
 		--ignore=tests/plan/test_distributed.py

@@ -1,11 +1,11 @@
 """Real components for the whole suite, each started once: a local SparkSession, an
 S3-compatible server (moto) on 127.0.0.1, and a Spark Connect server in a subprocess.
 
-The suite runs in two lines (``make test`` runs both). The main line: the newest PySpark, no
-JVM Delta, every table committed by delta-rs. The Delta line (``MVSINK_INTEROP=1``, in
-``.venv-delta``): the session carries the JVM Delta runtime Spark users run, ``tests/interop``
-runs, and every behaviour suite that asks for the ``engine`` fixture runs again with its
-commits forced through the ``delta-spark`` engine.
+The suite runs in lines (``make test`` runs them all; ``_line_runs`` and ``_once`` say what
+each runs). The main lines: PySpark 4.x and 3.5, no JVM Delta, every table committed by
+delta-rs. The Delta lines (``MVSINK_INTEROP=1``): the session carries the JVM Delta runtime
+Spark users run, ``tests/interop`` runs, and the behaviour suites that ask for the ``engine``
+fixture run again with their commits forced through the ``delta-spark`` engine.
 
 ``target`` runs a test on local disk and on S3. One S3 server's endpoint and keys are put in
 the environment before Spark starts (delta-rs and the I/O layer read ``AWS_*`` from it, in
@@ -81,24 +81,30 @@ _STORE_SUITES = (
     "tests/table/test_storage.py",
     "tests/table/test_uris.py",
     "tests/table/test_commit.py",
+    "tests/table/test_partitions.py",
     "tests/test_sink.py",
     "tests/test_concurrency.py",
     "tests/test_connect.py",
     "tests/plan/test_distributed.py",
 )
 """Where a test on S3 proves something local disk cannot: the stores' own suites, the commit's
-outcomes, the epoch end to end, replicas racing, Spark's own tasks and Connect reaching the
-store. Every other suite runs on local disk: what it proves is planning over the same I/O
-layer (``mvsink.table.storage``), which these suites prove on each store."""
+outcomes, partition folders as object keys, the epoch end to end, replicas racing, Spark's own
+tasks and Connect reaching the store. Every other suite runs on local disk: what it proves is
+planning over the same I/O layer (``mvsink.table.storage``), which these prove on each store."""
 
-_PLANNING_SUITES = ("tests/plan/test_upsert.py", "tests/plan/test_append.py", "tests/plan/test_late.py")
+_PLANNING_SUITES = ("tests/plan/test_upsert.py", "tests/plan/test_late.py")
 """Suites of a mode's planning over the adds the engine reads: the same code on either engine
-(tests/interop proves the JVM's adds are the log's, and its upsert and append commits). The
-Delta lines leave them to the main lines."""
+(tests/interop proves the JVM's adds are the log's and its upsert commits, tests/history its
+tombstone sets). The Delta lines leave them to the main lines."""
 
-_EVERY_VARIANT = ("tests/test_connect.py", "tests/plan/test_distributed.py", "tests/table/test_stores.py")
-"""Suites a line that runs each behaviour once (``_once``) still runs whole: Connect, the
-distributed placement's own suite and the stores'."""
+_EVERY_VARIANT = (
+    "tests/test_connect.py",
+    "tests/plan/test_distributed.py",
+    "tests/table/test_stores.py",
+    "tests/table/test_commit.py",
+)
+"""Suites a line that runs each test once (``_once``) still runs whole: Connect, the
+distributed placement's own suite, the stores' and the commit's outcomes."""
 
 
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
@@ -108,14 +114,14 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
 
     - The newest PySpark runs every variant on delta-rs, on local disk; on S3 the suites
       ``_STORE_SUITES`` (the refusal suites ``_BEFORE_ANY_IO`` on local disk only).
-    - PySpark 3.5 proves mvsink's Spark calls on that Spark: each behaviour once (its first
-      variant, ``_once``), on local disk, in the driver placement; Connect, the distributed
-      placement's suite and the stores' suite whole. It leaves out the ``newest_line`` runs,
-      which no Spark line changes, and Azure and GCS (reached through delta-rs and Arrow).
-    - The Delta 4.4 line runs tests/interop whole, and each behaviour once on the
-      ``delta-spark`` engine; the Delta 3.3 line runs tests/interop in the driver placement
-      (it is there for how the engine reaches that release's internals, which is the same
-      wherever the correction was planned). On the engine:
+    - PySpark 3.5 proves mvsink's Spark calls on that Spark: each test once (``_once``), on
+      local disk (S3 in the stores' and the distributed suites), in the driver placement; the
+      Connect suite in both placements. It leaves out the ``newest_line`` runs, which no Spark
+      line changes, and Azure and GCS (reached through delta-rs and Arrow).
+    - The Delta 4.4 line runs tests/interop whole, and each test case once on the
+      ``delta-spark`` engine; the Delta 3.3 line runs the interop suites the Makefile names
+      (``DELTA33_SUITES``) in the driver placement (it is there for how the engine reaches
+      that release's internals, the same wherever the correction was planned). On the engine:
       - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local
         server can stand in for: docs/design.md; tests/interop covers the refusal of any
         other store);
@@ -130,9 +136,7 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
         if chosen.get("engine") == "delta-spark":
             return False
         if chosen.get("target") == "s3" and not module.endswith(_STORE_SUITES):
-            return False
-        if chosen.get("target") == "s3" and module.endswith(_BEFORE_ANY_IO):
-            return False
+            return False  # the refusal suites _BEFORE_ANY_IO are not among them
         if SPARK_LINE >= (4, 0):
             return True
         if chosen.get("target") == "s3" and not module.endswith(("test_stores.py", "test_distributed.py")):
@@ -154,15 +158,41 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     )
 
 
+_AXES = frozenset({"placement", "target", "engine", "object_store", "mode"})
+"""The parameters a line that runs each test case once folds: where and how a case runs, and
+its mode; every other parameter makes a case of its own (a type, a rule, a name)."""
+
+_SPARK_CASES = (
+    "tests/test_readers.py",
+    "tests/test_streaming.py",
+    "tests/test_kafka.py",
+    "tests/test_compat.py",
+    "tests/test_docs.py",
+    "tests/table/test_catalog.py",
+    "tests/table/test_types.py",
+    "tests/table/test_fingerprint.py",
+    "tests/sources/test_reader.py",
+    "tests/cli/test_runner.py",
+)
+"""Suites whose cases are Spark's own (its readers, types, catalog, sources, launchers): the
+3.5 line runs each of their cases; of every other suite it runs each test once."""
+
+
 def _once(item: pytest.Item) -> str | None:
-    """The behaviour ``item`` is a variant of, on a line that runs each behaviour once (PySpark
-    3.5, and the Delta lines' behaviour suites); None where that line runs every variant."""
+    """What ``item`` is a variant of, on a line that runs each once: its first variant there
+    runs. The Delta lines' behaviour suites run each test case once (folding ``_AXES``); the
+    3.5 line each test once (each case in ``_SPARK_CASES``), as its Spark calls are the same
+    for every case. None where the line runs every variant."""
     module = item.nodeid.split("::")[0]
     if SPARK_LINE >= (4, 0) and not DELTA_LINE:
         return None
     if module.endswith(_EVERY_VARIANT) or "interop" in module:
         return None
-    return f"{module}::{getattr(item, 'originalname', item.name)}"
+    function = item.nodeid.split("[")[0]
+    if not DELTA_LINE and not module.endswith(_SPARK_CASES):
+        return function
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return f"{function}{sorted((k, repr(v)) for k, v in params.items() if k not in _AXES)}"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -182,6 +212,7 @@ def _soak(item: pytest.Item) -> bool:
     return item.get_closest_marker("soak") is not None or module.startswith("tests/chaos/")
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m: the first variant a line keeps is one they left
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each line keeps its share of the matrix (``_line_runs``, then ``_once``). The
     distributed placement runs on local disk only but in its own suite

@@ -2,7 +2,7 @@
 fail points firing, sinks restarted, a rogue writer and a compactor; afterwards the whole
 Delta history is checked (``invariants.py``).
 
-``make soak`` (CI, after ``make test``) runs a short one with a fixed seed; ``make chaos`` a
+``make soak`` (by hand) runs a short one with a fixed seed; ``make chaos`` a
 long one (``CHAOS_EPOCHS``) with a new seed each time. The seed is printed, and ``CHAOS_SEED``
 replays a run: the faults, fail points and interleaving all come from it (the order in which
 concurrent requests reach the store does not, so a replay is close, not exact).

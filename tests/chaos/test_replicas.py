@@ -11,7 +11,7 @@ version it read (``invariants.py``).
   mode) both read the source's versions as their clock, so every replica's epochs are
   comparable and desired at a time is a function of the source at that version.
 
-``make soak`` (CI) runs a short one (``CHAOS_SECONDS``, default 20) with a fixed seed; ``make
+``make soak`` (by hand) runs a short one (``CHAOS_SECONDS``, default 20) with a fixed seed; ``make
 chaos`` a long one with a new seed. The seed is printed, and ``CHAOS_SEED`` replays the producer's
 rows and the run's choices (what to kill, which chore); the processes' timing, and so what a
 fault or a fail point hits, is not replayed: a replay is close, not exact.
