@@ -107,6 +107,52 @@ _EVERY_VARIANT = (
 distributed placement's own suite, the stores' and the commit's outcomes."""
 
 
+_LOGIC_SUITES = (
+    "tests/history/",
+    "tests/ops/test_history_ops.py",
+    "tests/ops/test_operations.py",
+    "tests/ops/test_promote.py",
+    "tests/ops/test_compact.py",
+    "tests/ops/test_vacuum.py",
+    "tests/ops/test_status.py",
+    "tests/ops/test_metrics.py",
+    "tests/plan/test_late.py",
+    "tests/plan/test_prune.py",
+    "tests/plan/test_correction.py",
+    "tests/plan/test_tombstones.py",
+    "tests/epoch/test_decide.py",
+    "tests/epoch/test_holder.py",
+    "tests/epoch/test_lineage.py",
+    "tests/epoch/test_redeploy.py",
+    "tests/epoch/test_cadence.py",
+    "tests/epoch/test_mint.py",
+    "tests/epoch/test_run.py",
+    "tests/epoch/test_workers.py",
+    "tests/table/test_log.py",
+    "tests/table/test_deletion_vectors.py",
+    "tests/table/test_stats.py",
+    "tests/table/test_delta.py",
+    "tests/table/test_partitions.py",
+    "tests/table/test_record.py",
+    "tests/table/test_rewrite.py",
+    "tests/table/test_index.py",
+    "tests/table/test_plan.py",
+    "tests/table/test_staging.py",
+    "tests/table/test_layout.py",
+    "tests/table/test_properties.py",
+    "tests/table/test_jvm_delta.py",
+    "tests/test_faults.py",
+    "tests/test_failpoints.py",
+    "tests/test_concurrency.py",
+    "tests/test_report.py",
+)
+"""Suites of mvsink's own logic over Arrow, delta-rs and the log (what the history, the
+operations, the epoch's decisions and the table's bookkeeping do with what Spark handed them):
+no Spark line changes them, so the 3.5 line leaves them to the newest, as ``newest_line``.
+The Spark calls they make are the epoch's, which ``tests/test_sink.py`` and the mode suites
+prove on 3.5."""
+
+
 def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     """Whether this line runs ``item``: the suite's matrix. Every variant of a behaviour runs
     on one line, each axis on some line, not every product of them (the suite fits its budget
@@ -116,8 +162,9 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
       ``_STORE_SUITES`` (the refusal suites ``_BEFORE_ANY_IO`` on local disk only).
     - PySpark 3.5 proves mvsink's Spark calls on that Spark: each test once (``_once``), on
       local disk (S3 in the stores' and the distributed suites), in the driver placement; the
-      Connect suite in both placements. It leaves out the ``newest_line`` runs, which no Spark
-      line changes, and Azure and GCS (reached through delta-rs and Arrow).
+      Connect suite in both placements. It leaves out the ``newest_line`` runs and the
+      ``_LOGIC_SUITES``, which no Spark line changes, and Azure and GCS (reached through
+      delta-rs and Arrow).
     - The Delta 4.4 line runs tests/interop whole, and each test case once on the
       ``delta-spark`` engine; the Delta 3.3 line runs the interop suites the Makefile names
       (``DELTA33_SUITES``) in the driver placement (it is there for how the engine reaches
@@ -131,6 +178,8 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
       - not tests marked ``single_engine``, nor the planning suites ``_PLANNING_SUITES``."""
     module = item.nodeid.split("::")[0]
     if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
+        return False
+    if SPARK_LINE < (4, 0) and not DELTA_LINE and module.startswith(_LOGIC_SUITES):
         return False
     if not DELTA_LINE:
         if chosen.get("engine") == "delta-spark":
