@@ -165,7 +165,8 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
       Connect suite in both placements. It leaves out the ``newest_line`` runs and the
       ``_LOGIC_SUITES``, which no Spark line changes, and Azure and GCS (reached through
       delta-rs and Arrow).
-    - The Delta 4.4 line runs tests/interop whole, and each test case once on the
+    - The Delta 4.4 line runs tests/interop (in the driver placement but the tests marked
+      ``both_placements``), and each test case once on the
       ``delta-spark`` engine; the Delta 3.3 line runs the interop suites the Makefile names
       (``DELTA33_SUITES``) in the driver placement (it is there for how the engine reaches
       that release's internals, the same wherever the correction was planned). On the engine:
@@ -196,7 +197,9 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
             ("test_distributed.py", "test_connect.py")
         )
     if "interop" in module:
-        return SPARK_LINE >= (4, 0) or chosen.get("placement") != "distributed"
+        return chosen.get("placement") != "distributed" or (
+            SPARK_LINE >= (4, 0) and item.get_closest_marker("both_placements") is not None
+        )
     return (
         chosen.get("engine") == "delta-spark"
         and chosen.get("target") in (None, "local")

@@ -731,6 +731,7 @@ def dv_file(descriptor: dict[str, Any]) -> str:
     return file_path(descriptor)
 
 
+@pytest.mark.both_placements  # the distributed placement's tasks read and write the vectors
 @pytest.mark.parametrize(
     ("placement", "extra"),
     [
@@ -951,6 +952,7 @@ def test_a_streaming_querys_epochs_carry_the_adds_read_and_check_the_jvm_once(sp
     assert not kept.vectors() or kept.checksum_problem(store(target)) is None
 
 
+@pytest.mark.both_placements  # the distributed decision's tasks read the stored rows past vectors
 @pytest.mark.parametrize("placement", ["driver", "distributed"])
 def test_an_upsert_view_on_a_deletion_vector_table_updates_and_deletes_through_vectors(
     spark, tmp_path, placement
