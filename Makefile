@@ -108,7 +108,7 @@ DELTA_JVM := env -u JDK_JAVA_OPTIONS
 
 # What each line runs of the suite's matrix: tests/conftest.py (_line_runs).
 # The newest PySpark (every test but the distributed suite, which the standalone line runs on
-# the same PySpark, on a cluster), then delta-spark 3.3 on PySpark 3.5: the suites of how the
+# the same PySpark, on a cluster, last in this track), then delta-spark 3.3 on PySpark 3.5: the suites of how the
 # engine reaches that release's internals (the commit, the snapshot's adds, deletion vectors,
 # column mapping), in the driver placement (the Delta 4.4 line runs the behaviour suites on the
 # engine, whose code is the same on both releases but for how it reaches their internals).
@@ -124,15 +124,16 @@ test-track1: $(STAMP) $(SPARK35_STAMP)
 		--ignore=tests/plan/test_distributed.py
 	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA33)" $(DELTA_JVM) $(LINE) delta-3.3 \
 		$(SPARK35_VENV)/bin/python -m pytest -q $(DELTA33_SUITES)
+	-@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
 # PySpark 3.5 (with Connect: its server jar from Maven Central), then delta-spark 4.4 on PySpark
-# 4.2, then the distributed suite on a standalone cluster (executors in their own JVMs).
+# 4.2. The first track ends with the distributed suite on a standalone cluster (executors in
+# their own JVMs).
 test-track2: $(SPARK35_STAMP) $(DELTA_STAMP) $(STAMP)
 	-@MVSINK_CONNECT_JARS="$(CONNECT35)" MVSINK_KAFKA_JARS="$(KAFKA35)" $(LINE) 3.5 \
 		$(SPARK35_VENV)/bin/python -m pytest -q
 	-@MVSINK_INTEROP=1 MVSINK_DELTA_JARS="$(DELTA44)" MVSINK_S3A_JARS="$(S3A)" $(DELTA_JVM) $(LINE) delta-4.4 \
 		$(DELTA_VENV)/bin/python -m pytest -q
-	-@MVSINK_TEST_MASTER=standalone $(LINE) standalone $(BIN)/python -m pytest -q tests/plan/test_distributed.py
 
 # The short seeded fault runs (tests/chaos, fixed seeds: 3 Spark driver processes SIGKILLed and
 # restarted, fail points, a fault proxy), the model's histories past make test's (8 a profile,
