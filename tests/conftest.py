@@ -72,10 +72,6 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-_BEFORE_ANY_IO = ("tests/test_errors.py", "tests/plan/test_rules.py")
-"""Suites of refusals decided before the sink reads or writes the target: on local disk only
-(the store cannot change them; tests/table/test_stores.py has the store's own errors)."""
-
 _STORE_SUITES = (
     "tests/table/test_stores.py",
     "tests/table/test_storage.py",
@@ -159,15 +155,15 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     on 2 cores: make test).
 
     - The newest PySpark runs every variant on delta-rs, on local disk; on S3 the suites
-      ``_STORE_SUITES`` (the refusal suites ``_BEFORE_ANY_IO`` on local disk only).
+      ``_STORE_SUITES`` (the refusal suites, decided before any I/O, on local disk only).
     - PySpark 3.5 proves mvsink's Spark calls on that Spark: each test once (``_once``), on
       local disk (S3 in the stores' and the distributed suites), in the driver placement; the
       Connect suite in both placements. It leaves out the ``newest_line`` runs and the
       ``_LOGIC_SUITES``, which no Spark line changes, and Azure and GCS (reached through
       delta-rs and Arrow).
     - The Delta 4.4 line runs tests/interop (in the driver placement but the tests marked
-      ``both_placements``), and each test case once on the
-      ``delta-spark`` engine; the Delta 3.3 line runs the interop suites the Makefile names
+      ``both_placements``), and each test case once on the ``delta-spark`` engine; the Delta
+      3.3 line runs the interop suites the Makefile names
       (``DELTA33_SUITES``) in the driver placement (it is there for how the engine reaches
       that release's internals, the same wherever the correction was planned). On the engine:
       - on local disk (on S3 the engine needs Delta's S3DynamoDBLogStore, which no local
@@ -186,7 +182,7 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
         if chosen.get("engine") == "delta-spark":
             return False
         if chosen.get("target") == "s3" and not module.endswith(_STORE_SUITES):
-            return False  # the refusal suites _BEFORE_ANY_IO are not among them
+            return False
         if SPARK_LINE >= (4, 0):
             return True
         if chosen.get("target") == "s3" and not module.endswith(("test_stores.py", "test_distributed.py")):
