@@ -199,7 +199,9 @@ class SinkOptions(_Frozen):
     """A Delta table that gets one row per committed epoch of the view, exactly once
     (``metrics.py``), on the target's store (same ``storage_options``)."""
     history_target: str | None = None
-    """A second Delta table (a path or URI, on the target's store) that keeps the view's
+    """A second Delta table (a path or URI on the target's store, or a table name resolved
+    through the session's catalog as the target's is: an empty Delta table with the history's
+    columns, docs/history.md) that keeps the view's
     history: every row's lifetimes, with ``valid_from`` and ``valid_to`` (docs/history.md). The
     sink's commits are followed by the history's; versions others make, and a history commit
     that failed, are completed by its next epoch before it plans. Every mode; an upsert view
@@ -345,9 +347,16 @@ class SinkOptions(_Frozen):
             raise ValueError("option 'history_retention': it needs a history (history_target)")
         for option in ("errors_target", "metrics_table", "history_target"):
             other = getattr(self, option)
-            if other is not None and not is_path(other):
+            if other is not None and option == "history_target":
+                try:  # a path, or a table name (resolved as the target is: catalog.py)
+                    check_name(other)
+                except ValueError as exc:
+                    raise ValueError(f"option {option!r}: {exc}") from None
+            elif other is not None and not is_path(other):
                 raise ValueError(f"option {option!r}: {other!r} must be a path or URI (not a table name)")
-            if other is not None and is_path(self.target) and nested(self.target, other):
+            if other is not None and not is_path(other) and other == self.target:
+                raise ValueError(f"option {option!r}: {other!r} is the target itself")
+            if other is not None and is_path(self.target) and is_path(other) and nested(self.target, other):
                 raise ValueError(
                     f"option {option!r}: {other!r} is the target or lies inside it (or holds it): "
                     "a table inside another's folder is lost to the other's vacuum"

@@ -58,7 +58,7 @@ class MVSink:
         ``ConfigError`` naming it."""
         self.options = SinkOptions.build(target=target, name=name, **options)
         self._read_only = self.options.read_only
-        self._named: str | None = None  # the table name the target was given as, once resolved
+        self._names: dict[str, str] = {}  # the table names options were given as, once resolved
         self._located_for: str | None = None  # the query run the name was last looked up for
         self._runtime()
 
@@ -71,12 +71,12 @@ class MVSink:
         self.reports: deque[EpochReport] = deque(maxlen=1000)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "read_only": self._read_only, "named": self._named}
+        return {"options": self.options, "read_only": self._read_only, "names": self._names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.options = state["options"]
         self._read_only = state["read_only"]
-        self._named = state.get("named")
+        self._names = dict(state.get("names") or {})
         self._runtime()
 
     @classmethod
@@ -94,44 +94,63 @@ class MVSink:
         return self.options.target
 
     def _locate(self, spark: Any, run: str | None = None) -> None:
-        """Resolve a target given as a table name to the Delta table's location, through
-        ``spark``'s catalog (``catalog.py``): the options then hold the location. Looked up at
-        the first epoch of each run of a query (``run``, the query's id), at every direct call
-        and operation (``run`` None), and again after an epoch found no table there: not at
-        every epoch, where Delta's ``DESCRIBE DETAIL`` costs a listing of the table. A table
-        moved (``ALTER TABLE ... SET LOCATION``) is followed from then, with a WARNING: the
-        catalog is the truth; the caches of the old folder's files (index, tombstones) go,
-        and the new store is probed. A catalog that cannot answer keeps the location found
-        before, with a WARNING, instead of stopping the query."""
-        name = self._named or self.options.target
+        """Resolve a target (and a ``history_target``) given as a table name to the Delta
+        table's location, through ``spark``'s catalog (``catalog.py``): the options then hold
+        the location. Looked up at the first epoch of each run of a query (``run``, the query's
+        id), at every direct call and operation (``run`` None), and again after an epoch found
+        no table there: not at every epoch, where Delta's ``DESCRIBE DETAIL`` costs a listing of
+        the table. A table moved (``ALTER TABLE ... SET LOCATION``) is followed from then, with
+        a WARNING: the catalog is the truth; the caches of the old folder's files (index,
+        tombstones) go, and the new store is probed. A catalog that cannot answer keeps the
+        location found before, with a WARNING, instead of stopping the query."""
         if self.state.look_up_again:
             self._located_for, self.state.look_up_again = None, False
-        if is_path(name) or (run is not None and run == self._located_for):
+        if run is not None and run == self._located_for:
             return
-        where = Where(self.name, name)
+        found: dict[str, str] = {}
+        moved = False
+        for option in ("target", "history_target"):
+            name = self._names.get(option) or getattr(self.options, option)
+            if name is None or is_path(name):
+                continue
+            known = option in self._names
+            location = self._look_up(spark, option, name)
+            if location is not None:
+                found[option] = location
+                moved = moved or (known and option == "target")
+        self._located_for = run
+        if found:
+            self.options = SinkOptions.build(**{**self.options.model_dump(), **found})
+        if moved:
+            self.state.forget_table()
+            self._probed = False
+
+    def _look_up(self, spark: Any, option: str, name: str) -> str | None:
+        """The location of table ``name`` (given as ``option``) when it is new to the sink (its
+        first look-up, or a move); None: where the options hold it already."""
+        where = Where(self.name, self._names.get("target") or self.options.target)
         try:
             location = locate(name, where, spark)
         except CatalogUnavailable as exc:
-            if self._named is None:
+            if option not in self._names:
                 raise
-            log.warning("%s: %s; writing %s, where the table was", where, exc, self.options.target)
-            return
-        self._located_for = run
-        if self._named is not None and location == self.options.target:
-            return
-        if self._named is not None:
+            log.warning("%s: %s; writing %s, where the table was", where, exc, getattr(self.options, option))
+            return None
+        what = "table" if option == "target" else "history table"
+        if option in self._names:
+            if location == getattr(self.options, option):
+                return None
             log.warning(
-                "%s: table %s moved from %s to %s: writing the new location",
+                "%s: %s %s moved from %s to %s: writing the new location",
                 where,
+                what,
                 name,
-                self.options.target,
+                getattr(self.options, option),
                 location,
             )
-            self.state.forget_table()
-            self._probed = False
-        self._named = name
-        self.options = SinkOptions.build(**{**self.options.model_dump(), "target": location})
-        log.info("%s: table %s is at %s", where, name, location)
+        self._names[option] = name
+        log.info("%s: %s %s is at %s", where, what, name, location)
+        return location
 
     def _locate_now(self) -> None:
         """``_locate`` outside an epoch: through the active Spark session."""
@@ -275,7 +294,7 @@ class MVSink:
             epoch,
             store=self.store,
             read_only=self.read_only,
-            named=self._named,
+            named=self._names.get("target"),
             query=query,
         )
 

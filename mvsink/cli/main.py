@@ -206,6 +206,7 @@ def _history(args: argparse.Namespace) -> int:
         from mvsink.cli.job import JobConfig
 
         history = JobConfig.load(args.job).sink.history_target
+    history = _located(history, args) if history else None
     equal = _pairs(args.equal, "--equal")
     found = lifetimes(target, name, equal, history_target=history, storage_options=options)
     if args.json:
@@ -241,6 +242,7 @@ def _compact(args: argparse.Namespace) -> int:
     from mvsink.table.storage import Store
     from mvsink.table.uris import table_root
 
+    history = _located(history, args) if history else None
     if history is None and recorded(Store(table_root(target), options), name) is None:
         if retention is not None:
             raise ConfigError(f"--history-retention: view {name!r} keeps no history")

@@ -210,13 +210,7 @@ class Epoch:
             planner = Append(self.ctx)
         self.mode = Planning(planner, self.ctx)
         self.history = (
-            History(
-                opts.name,
-                table_root(opts.history_target),
-                Store(table_root(opts.history_target), dict(opts.storage_options)),
-                opts.retry,
-                self.where,
-            )
+            History.at(opts.name, opts.history_target, opts.storage_options, opts.retry, self.where)
             if opts.history_target is not None
             else None
         )

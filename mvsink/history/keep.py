@@ -25,7 +25,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +35,7 @@ from mvsink import failpoints
 from mvsink.errors import (
     ConfigError,
     ConflictError,
+    InvariantViolation,
     MVSinkError,
     SchemaMismatchError,
     UnsupportedTableError,
@@ -54,6 +55,7 @@ from mvsink.history.lifetimes import (
     view_struct,
 )
 from mvsink.plan import late
+from mvsink.table.catalog import is_path
 from mvsink.table.commit import Backoff, Lost, append, retrying
 from mvsink.table.delta import DataFile, NewFile, Snapshot, load_snapshot, open_existing, physical_names
 from mvsink.table.log import commit_info, log_actions
@@ -72,6 +74,7 @@ from mvsink.table.record import (
 )
 from mvsink.table.schema import arrow_schema, target_schema_json, target_struct
 from mvsink.table.storage import Store
+from mvsink.table.uris import table_root
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,17 @@ class History:
     commits: int = 0
     """History commits this sink made (``_sweep_late`` counts them)."""
 
+    @classmethod
+    def at(
+        cls, view: str, location: str, options: Mapping[str, str], retry: Backoff, where: Where
+    ) -> History:
+        """The history at ``location``: a path or URI. A table name the sink did not resolve
+        (``MVSink._locate``) would be a folder of that name: never written."""
+        if not is_path(location):
+            raise InvariantViolation(f"history_target {location!r} reached the epoch unresolved", where)
+        root = table_root(location)
+        return cls(view, root, Store(root, dict(options)), retry, where)
+
     @property
     def keys(self) -> HistoryKeys:
         return HistoryKeys(self.view)
@@ -169,10 +183,14 @@ class History:
                 )
             return None
         if head.frontier is None:
+            refusal = head.unfit(self._schema_json(view))
+            if refusal is None:
+                return None  # an empty table with the history's columns (a platform made it): ours
             raise ConfigError(
                 f"option 'history_target': {self.root} is a Delta table that holds no history of "
-                f"view {self.view!r} (mvsink made no such history there); nothing was written. "
-                "Point it at a new folder.",
+                f"view {self.view!r}, and {refusal}; nothing was written. mvsink keeps a history in "
+                "a new folder, or in an empty, unpartitioned Delta table with the history's columns: "
+                f"{_columns_sql(self._schema_json(view))} (docs/history.md).",
                 self.where,
             )
         if head.table and view.table_id is not None and head.table != table_tag(view.table_id):
@@ -244,7 +262,8 @@ class History:
         if view.table_id is not None:
             marks[keys.table] = table_tag(view.table_id)
         counts = (sum(f.num_records for f in written), 0)
-        return self._commit(snap, written, [], change, marks, folder, counts, self._schema_json(view))
+        schema_json = snap.schema_json or self._schema_json(view)  # (a table made for it keeps its own)
+        return self._commit(snap, written, [], change, marks, folder, counts, schema_json)
 
     def _follow(self, snap: Snapshot, view: View, version: int) -> Lost | None:
         """Hold version ``version`` of the view in the history: one commit (which makes the
@@ -593,22 +612,61 @@ def _before(first_end: int | None, kept_from_us: int | None) -> bool:
 @dataclass(frozen=True)
 class _Head:
     """What checking a history table needs of it (``History.check``), read from its log's tail
-    or from a snapshot."""
+    or from a snapshot. A table mvsink has not begun a history in (``frontier`` None) also
+    says what it holds: whether the history may begin there (``unfit``)."""
 
     frontier: int | None
     schema_json: str
     table: int
+    files: int = 0
+    partition_by: tuple[str, ...] = ()
+    configuration: Mapping[str, str | None] = field(default_factory=dict)
 
     @staticmethod
     def of(table: Any, keys: HistoryKeys) -> _Head:
         frontier = table.transaction_version(keys.frontier)
         tag = table.transaction_version(keys.table)
-        return _Head(None if frontier is None else int(frontier), table.schema().to_json(), int(tag or 0))
+        head = _Head(None if frontier is None else int(frontier), table.schema().to_json(), int(tag or 0))
+        if frontier is not None:
+            return head
+        meta = table.metadata()
+        return replace(
+            head,
+            files=len(table.file_uris()),
+            partition_by=tuple(meta.partition_columns),
+            configuration=dict(meta.configuration),
+        )
 
     @staticmethod
     def of_snapshot(snap: Snapshot, keys: HistoryKeys) -> _Head:
         assert snap.schema_json is not None
-        return _Head(snap.transaction(keys.frontier), snap.schema_json, snap.transaction(keys.table) or 0)
+        return _Head(
+            snap.transaction(keys.frontier),
+            snap.schema_json,
+            snap.transaction(keys.table) or 0,
+            len(snap.files),
+            snap.partition_by,
+            snap.configuration,
+        )
+
+    def unfit(self, history_json: str) -> str | None:
+        """Why a history of columns ``history_json`` cannot begin in this table that holds
+        none (None: it may). Only an empty, unpartitioned table of exactly those columns (by
+        name and type; nullability aside) that names them as they are, with no file of any
+        version: one made for it (``CREATE TABLE``, a platform's catalog), never a table
+        anything wrote."""
+        if self.files:
+            return f"it holds {self.files} file(s)"
+        if self.partition_by:
+            return f"it is partitioned (by {list(self.partition_by)})"
+        mapping = self.configuration.get("delta.columnMapping.mode")
+        if mapping not in (None, "none"):
+            return f"it maps column names (delta.columnMapping.mode = {mapping})"
+        have, want = _column_types(self.schema_json), _column_types(history_json)
+        differ = sorted(n for n in have.keys() | want.keys() if have.get(n) != want.get(n))
+        if differ:
+            return f"its columns are not the history's (they differ in {', '.join(differ)})"
+        return None
 
 
 def _epoch(info: Mapping[str, Any], view: str) -> int | None:
@@ -622,14 +680,26 @@ def _time_ms(info: Mapping[str, Any]) -> int:
     return metadata_int(info.get("inCommitTimestamp")) or metadata_int(info.get("timestamp")) or now_ms()
 
 
+def _column_types(schema_json: str) -> dict[str, Any]:
+    """A schema's columns by name: their types, nullability aside (``target_schema_json``)."""
+    return {
+        f["name"]: f["type"] for f in json.loads(target_schema_json(target_struct(schema_json)))["fields"]
+    }
+
+
+def _columns_sql(schema_json: str) -> str:
+    """A schema's columns as a ``CREATE TABLE`` lists them."""
+    return (
+        "(" + ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target_struct(schema_json)) + ")"
+    )
+
+
 def _check_columns(
     history_json: str, view_json: str, root: str, where: Where, version: int | None = None
 ) -> None:
     """Refuse a history whose view columns are not the view's (``SchemaMismatchError``)."""
-    held = json.loads(target_schema_json(view_struct(target_struct(history_json))))["fields"]
-    view = json.loads(target_schema_json(target_struct(view_json)))["fields"]
-    held_cols = {f["name"]: f["type"] for f in held}
-    view_cols = {f["name"]: f["type"] for f in view}
+    held_cols = _column_types(target_schema_json(view_struct(target_struct(history_json))))
+    view_cols = _column_types(view_json)
     if held_cols == view_cols:
         return
     differ = sorted(n for n in held_cols.keys() | view_cols.keys() if held_cols.get(n) != view_cols.get(n))

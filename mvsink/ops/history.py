@@ -93,7 +93,7 @@ def find(
     options = dict(storage_options or {})
     where = Where(name, target)
     view_store = Store(table_root(locate(target, where, spark)), options)
-    root = table_root(history_target or _recorded(view_store, name, where))
+    root = _root(history_target, view_store, name, where, spark)
     keys = HistoryKeys(name)
     history = open_existing(root, options)
     frontier = None if history is None else history.transaction_version(keys.frontier)
@@ -134,6 +134,16 @@ def recorded(view_store: Store, name: str) -> str | None:
         if info is not None and info.get(VIEW) == name and info.get(EPOCH) is not None:
             return str(info[HISTORY]) if info.get(HISTORY) else None
     return None
+
+
+def _root(
+    history_target: str | None, view_store: Store, name: str, where: Where, spark: object = None
+) -> str:
+    """The history's root: ``history_target`` (a path, or a table name looked up in the
+    catalog), else where the view's commits say."""
+    if history_target is not None:
+        return table_root(locate(history_target, where, spark))
+    return table_root(_recorded(view_store, name, where))
 
 
 def _recorded(view_store: Store, name: str, where: Where) -> str:
@@ -571,7 +581,7 @@ def compact_history(
     options = dict(storage_options or {})
     where = Where(name, target)
     view_store = Store(table_root(locate(target, where)), options)
-    root = table_root(history_target or _recorded(view_store, name, where))
+    root = _root(history_target, view_store, name, where)
     kept_from = None
     if retention is not None:
         try:

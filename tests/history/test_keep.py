@@ -233,6 +233,70 @@ def _untouched(target: str, version: int | None) -> None:
     assert on_disk == {p for v in (versions(target) if version is not None else []) for p in added(target, v)}
 
 
+PEOPLE_HISTORY = pa.schema(
+    [("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())]
+    + [(c, pa.timestamp("us", "UTC")) for c in ("valid_from", "valid_to")]
+    + [(c, pa.int64()) for c in ("opened_version", "opened_epoch")]
+    + [("opened_by", pa.string())]
+    + [(c, pa.int64()) for c in ("closed_version", "closed_epoch")]
+    + [("closed_by", pa.string())]
+)
+"""The history of ``people`` as a platform's ``CREATE TABLE`` lists it (docs/history.md)."""
+
+
+def test_an_empty_table_made_with_the_historys_columns_is_where_the_history_begins(spark, tmp_path):
+    """A table made for the history (a catalog's ``CREATE TABLE``: empty, the history's
+    columns) takes it from the view's first version on, and keeps its id and properties."""
+    target, history = str(tmp_path / "t"), str(tmp_path / "h")
+    made = DeltaTable.create(
+        history, schema=PEOPLE_HISTORY, configuration={"delta.logRetentionDuration": "interval 60 days"}
+    )
+    table_id = made.metadata().id
+    sink = MVSink(target, "v", history_target=history)
+    for epoch, ids in enumerate((range(5), range(2, 8), range(3, 4))):
+        assert sink(people(spark, ids, str(epoch % 2)), epoch).outcome == "committed"
+    assert_holds_every_version(target, history, "v")
+    table = DeltaTable(history)
+    assert table.metadata().id == table_id
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 60 days"
+
+
+def test_a_delta_table_unfit_for_the_history_is_refused_with_the_columns_it_takes(spark, tmp_path):
+    """An empty table is taken only as made for the history: none with files, partitions,
+    mapped column names or other columns."""
+    target = str(tmp_path / "t")
+    MVSink(target, "v")(people(spark, range(3)), 0)
+    rows = pa.Table.from_pylist([{"id": 1}], schema=PEOPLE_HISTORY)
+    fewer = pa.schema([f for f in PEOPLE_HISTORY if f.name != "closed_by"])
+    mapped = {
+        "delta.columnMapping.mode": "name",
+        "delta.minReaderVersion": "2",
+        "delta.minWriterVersion": "5",
+    }
+    unfit = {
+        "rows": (lambda h: write_deltalake(h, rows), "it holds 1 file"),
+        "partitioned": (
+            lambda h: DeltaTable.create(h, PEOPLE_HISTORY, partition_by=["name"]),
+            "it is partitioned",
+        ),
+        "mapped": (
+            lambda h: DeltaTable.create(h, PEOPLE_HISTORY, configuration=mapped),
+            "it maps column names",
+        ),
+        "columns": (lambda h: DeltaTable.create(h, fewer), r"its columns are not .*differ in closed_by"),
+    }
+    for case, (make, why) in unfit.items():
+        history = str(tmp_path / case)
+        make(history)
+        before = DeltaTable(history).version()
+        with pytest.raises(
+            ConfigError, match=rf"holds no history of view 'v', and {why}.*`closed_by` string"
+        ):
+            MVSink(target, "v", history_target=history)(people(spark, range(4)), 1)
+        _untouched(target, 0)
+        assert DeltaTable(history).version() == before, case
+
+
 def test_a_history_target_holding_other_files_is_refused(spark, tmp_path):
     target, history = str(tmp_path / "t"), str(tmp_path / "h")
     os.makedirs(history)

@@ -5,6 +5,9 @@ between, the history holds every version as Spark's ``VERSION AS OF`` reads it, 
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 from collections import Counter
 
 import pytest
@@ -12,7 +15,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
 import mvsink
-from mvsink import MVSink
+from mvsink import ConfigError, MVSink
 from mvsink.compat import to_arrow
 from mvsink.table.record import HistoryKeys
 from tests.helpers import multiset
@@ -64,3 +67,58 @@ def test_the_history_of_a_deletion_vector_table_holds_every_version(spark, tmp_p
     assert {i for i, _ in deleted} == {30, 31, 57}
     repaired = {r["id"] for r in rows if r["opened_by"] == "repair"}
     assert {30, 31, 57} <= repaired
+
+
+LIFETIME_DDL = (
+    "valid_from TIMESTAMP, valid_to TIMESTAMP, opened_version BIGINT, opened_epoch BIGINT, "
+    "opened_by STRING, closed_version BIGINT, closed_epoch BIGINT, closed_by STRING"
+)
+"""The lifetime columns as docs/history.md's ``CREATE TABLE`` lists them."""
+
+
+def test_a_history_named_in_the_catalog_is_kept_where_the_catalog_says(spark, tmp_path, caplog):
+    """Both tables made in the catalog, as a platform makes them: the history begins in the
+    empty table, ``as_of`` reads it by name, and a history table moved by ``ALTER TABLE`` is
+    followed; a name the catalog does not know is refused, the view untouched."""
+    view_at, history_at, moved_to = (str(tmp_path / d) for d in ("orders", "orders_h", "orders_h2"))
+    spark.sql(f"CREATE TABLE default.orders (id BIGINT, name STRING) USING delta LOCATION '{view_at}'")
+    spark.sql(
+        f"CREATE TABLE default.orders_history (id BIGINT, name STRING, {LIFETIME_DDL}) USING delta "
+        f"LOCATION '{history_at}'"
+    )
+    try:
+        sink = MVSink("default.orders", "orders", history_target="default.orders_history")
+        for epoch, (ids, tag) in enumerate([(range(10), ""), (range(4, 12), "b"), (range(6, 9), "c")]):
+            desired = spark.sql(
+                f"SELECT id, concat('n', id, '{tag}') AS name FROM range({ids.start}, {ids.stop})"
+            )
+            assert sink(desired, epoch).outcome == "committed"
+        assert sink.options.history_target == history_at
+        newest = DeltaTable(view_at).version()
+        for version in range(1, newest + 1):  # (version 0 is the CREATE TABLE: no rows)
+            got = mvsink.as_of(
+                spark, "default.orders", "orders", version=version, history_target="default.orders_history"
+            )
+            assert multiset(to_arrow(got), COLS) == at_version(spark, view_at, version), f"version {version}"
+        open_now = spark.sql("SELECT id, name FROM default.orders_history WHERE valid_to IS NULL")
+        assert multiset(to_arrow(open_now), COLS) == multiset(to_arrow(spark.table("default.orders")), COLS)
+
+        # The history table moves, files and all: the next call writes it where the catalog says.
+        shutil.copytree(history_at, moved_to)
+        spark.sql(f"ALTER TABLE default.orders_history SET LOCATION '{moved_to}'")
+        shutil.rmtree(history_at)
+        with caplog.at_level(logging.WARNING, logger="mvsink"):
+            sink(spark.sql("SELECT id, concat('n', id) AS name FROM range(0, 3)"), 3)
+        assert "history table default.orders_history moved" in caplog.text
+        assert DeltaTable(moved_to).transaction_version(HistoryKeys("orders").frontier) == newest + 2
+        assert not os.path.exists(history_at)
+
+        before = DeltaTable(view_at).version()
+        with pytest.raises(ConfigError, match="catalog does not know"):
+            MVSink("default.orders", "orders", history_target="default.nowhere")(
+                spark.sql("SELECT 1L AS id, 'x' AS name"), 4
+            )
+        assert DeltaTable(view_at).version() == before
+    finally:
+        spark.sql("DROP TABLE IF EXISTS default.orders")
+        spark.sql("DROP TABLE IF EXISTS default.orders_history")

@@ -31,6 +31,13 @@ def test_what_is_a_path_and_what_is_a_name():
         MVSink("./v", "v", metrics_table="ops.metrics")
     with pytest.raises(ConfigError, match=r"errors_target.*table name needs"):
         MVSink("sales.revenue", "v", on_error="table")
+    # A history may be named (catalog.py resolves it as it does the target), but not ill-formed,
+    # nor as the target itself.
+    assert MVSink("sales.revenue", "v", history_target="sales.revenue_history").options.history_target
+    with pytest.raises(ConfigError, match=r"history_target.*neither a path"):
+        MVSink("./v", "v", history_target="revenue history")
+    with pytest.raises(ConfigError, match=r"history_target.*is the target itself"):
+        MVSink("sales.revenue", "v", history_target="sales.revenue")
 
 
 @pytest.mark.parametrize("name", ["revenue", "default.revenue", "`default`.`revenue`", "default.`q1/q2`"])
@@ -44,6 +51,17 @@ def test_a_name_the_catalog_does_not_know_is_an_error_never_a_folder(spark, tmp_
     # The explicit path form is a folder of that name.
     assert MVSink("./revenue", "revenue")(people(spark, range(3)), 0).outcome == "committed"
     assert os.listdir(tmp_path) == ["revenue"]
+
+
+def test_a_history_named_that_the_catalog_does_not_know_is_an_error_never_a_folder(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"'revenue_history' is a table name the session's catalog does not know"
+    ):
+        MVSink("./revenue", "revenue", history_target="revenue_history")(people(spark, range(3)), 0)
+    assert os.listdir(tmp_path) == []  # neither the view's table nor a folder made from the name
 
 
 def test_a_name_needs_delta_in_the_session_to_resolve(spark, tmp_path, monkeypatch):
