@@ -14,6 +14,9 @@ seconds (fastest of ``--rounds`` interleaved rounds), and for the history:
 Runs in the Delta line's virtualenv (``VERSION AS OF`` needs the JVM Delta):
 
     MVSINK_DELTA_JARS=.jvm/delta-4.4 .venv-delta/bin/python bench/history.py --sf 1 --parts 12
+
+``--placement distributed`` plans the view in Spark tasks, and so carries its history there
+(``history/tasks.py``).
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ VIEW = "orders"
 
 
 def with_sink(
-    spark: SparkSession, files: Path, where: str, history: bool, view: str = VIEW
+    spark: SparkSession, files: Path, where: str, history: bool, view: str = VIEW, placement: str = "auto"
 ) -> dict[str, Any]:
     target = f"{where}/table"
     options = {"history_target": f"{where}/history"} if history else {}
-    sink = MVSink(target, view, **options)
+    sink = MVSink(target, view, placement=placement, **options)
     writer = stream(spark, files, view).writeStream.outputMode("complete").foreachBatch(sink)
     total = run(writer.option("checkpointLocation", f"{where}/ckpt"))
     reports = list(sink.reports)
@@ -101,6 +104,12 @@ def main() -> None:
     parser.add_argument("--sf", type=float, default=1.0)
     parser.add_argument("--parts", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--placement",
+        default="auto",
+        choices=["auto", "driver", "distributed"],
+        help="where mvsink plans (and so where the history is carried: distributed, in Spark tasks)",
+    )
     args = parser.parse_args()
     files = generate(args.sf, args.parts)
     spark = session()
@@ -110,8 +119,8 @@ def main() -> None:
         expected = desired(spark, files, VIEW).cache()
         systems = [
             ("floor", lambda w: floor(spark, files, VIEW, f"{w}/table", f"{w}/ckpt", "complete")),
-            ("mvsink", lambda w: with_sink(spark, files, w, False)),
-            ("mvsink_history", lambda w: with_sink(spark, files, w, True)),
+            ("mvsink", lambda w: with_sink(spark, files, w, False, placement=args.placement)),
+            ("mvsink_history", lambda w: with_sink(spark, files, w, True, placement=args.placement)),
         ]
         for r in range(args.rounds):
             for name, fn in systems if r % 2 == 0 else systems[::-1]:
@@ -127,13 +136,19 @@ def main() -> None:
                 else:
                     runs[name]["all_s"] = got["all_s"]
                 shutil.rmtree(where, ignore_errors=True)
-    line: dict[str, Any] = {"view": VIEW, "sf": args.sf, "parts": args.parts, **runs}
+    line: dict[str, Any] = {
+        "view": VIEW,
+        "sf": args.sf,
+        "parts": args.parts,
+        "placement": args.placement,
+        **runs,
+    }
     kept = runs["mvsink_history"]
     line["history_ratio"] = round(kept["s"] / runs["mvsink"]["s"], 2)
     line["history_bytes_ratio"] = round(kept["history_bytes"] / max(kept["correction_bytes"], 1), 2)
     print(json.dumps(line), flush=True)
     OUT.mkdir(exist_ok=True)
-    (OUT / f"history-sf{args.sf:g}.json").write_text(json.dumps(line, indent=2))
+    (OUT / f"history-sf{args.sf:g}-{args.placement}.json").write_text(json.dumps(line, indent=2))
 
 
 if __name__ == "__main__":

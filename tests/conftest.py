@@ -103,6 +103,8 @@ _EVERY_VARIANT = (
 distributed placement's own suite, the stores' and the commit's outcomes."""
 
 
+_SPARK_TASKS = ("tests/history/test_tasks.py",)
+"""Suites of ``_LOGIC_SUITES`` whose logic runs in Spark tasks (``mapInArrow``): on every line."""
 _LOGIC_SUITES = (
     "tests/history/",
     "tests/ops/test_history_ops.py",
@@ -176,7 +178,12 @@ def _line_runs(item: pytest.Item, chosen: dict[str, object]) -> bool:
     module = item.nodeid.split("::")[0]
     if SPARK_LINE < (4, 0) and item.get_closest_marker("newest_line") is not None:
         return False
-    if SPARK_LINE < (4, 0) and not DELTA_LINE and module.startswith(_LOGIC_SUITES):
+    if (
+        SPARK_LINE < (4, 0)
+        and not DELTA_LINE
+        and module.startswith(_LOGIC_SUITES)
+        and module not in _SPARK_TASKS
+    ):
         return False
     if not DELTA_LINE:
         if chosen.get("engine") == "delta-spark":

@@ -353,9 +353,14 @@ class Epoch:
             return
         partition_by = snap.partition_by if snap.exists else tuple(self.opts.partition_by or ())
         schema_json = snap.schema_json or target_schema_json(self.stored)
-        view = View(self.ctx.store, schema_json, partition_by, snap.table_id)
+        view = View(self.ctx.store, schema_json, partition_by, snap.table_id, self._history_tasks(snap))
         with self.ctx.phase("history"):
             self.history.catch_up(view, snap.version, start=snap)
+
+    def _history_tasks(self, snap: Snapshot) -> Any:
+        """Where the history is derived: in Spark tasks (the batch's session) when this epoch
+        plans there, for a view too big for the driver; None: on the driver."""
+        return self.ctx.batch.sparkSession if self.ctx.placement(snap) == "distributed" else None
 
     def _check_history_follows(self, layout: Layout) -> None:
         """A view that keeps a history does not change its columns: the history does not follow
@@ -376,7 +381,9 @@ class Epoch:
         view's version landed, and the next epoch completes the history before it plans."""
         if self.history is None:
             return
-        view = View(self.ctx.store, layout.schema_json, layout.partition_by, snap.table_id)
+        view = View(
+            self.ctx.store, layout.schema_json, layout.partition_by, snap.table_id, self._history_tasks(snap)
+        )
         try:
             with self.ctx.phase("history"):
                 self.history.catch_up(view, version)

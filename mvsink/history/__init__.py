@@ -4,6 +4,7 @@
   of the view's table to the next (``carry``).
 * ``keep.py``: the history table kept version by version, each version of the view as one
   commit of the history, read from the view's log.
+* ``tasks.py``: a version's lifetimes carried in Spark tasks, for a view planned there.
 
 Invariants (cited elsewhere by number):
 

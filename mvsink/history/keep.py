@@ -98,6 +98,9 @@ class View:
     schema_json: str
     partition_by: tuple[str, ...]
     table_id: str | None
+    tasks: Any = None
+    """The Spark session whose tasks derive the history (``history/tasks.py``: the view is
+    planned in Spark tasks, its versions too big for the driver); None: the driver does."""
 
     @property
     def arrow(self) -> pa.Schema:
@@ -251,9 +254,7 @@ class History:
         folder = self._folder()
         written: list[NewFile] = []
         try:
-            for f in start.files:
-                rows = opened(view.rows(f), change, schema)
-                written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+            self._mirror(view, start.version, [], start.files, change, schema, folder, written)
         except BaseException:
             self.store.delete_folder(folder)
             raise
@@ -320,10 +321,10 @@ class History:
         folder = self._folder()
         written: list[NewFile] = []
         try:
-            opened_n, closed = self._mirror(view, version, gone_files, adds, change, schema, folder, written)
-            n_closed = closed.num_rows
-            if closed.num_rows:
-                written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
+            opened_n, n_closed = self._mirror(
+                view, version, gone_files, adds, change, schema, folder, written
+            )
+            closed_n = n_closed
             # Late events, a part at a time (a version may meet many): a file of lifetimes each.
             met = replace(change, by="late")
             columns = pa.schema([f for f in schema if f.name not in COLUMNS])
@@ -338,7 +339,7 @@ class History:
         marks = {keys.time: time_ms}
         if epoch is not None and not foreign:
             marks[keys.epoch] = version + 1
-        if foreign and (opened_n or closed.num_rows):
+        if foreign and (opened_n or closed_n):
             marks[keys.foreign] = version + 1
         if meta is not None and meta.get("id"):
             marks[keys.table] = table_tag(str(meta["id"]))
@@ -359,25 +360,63 @@ class History:
         schema: pa.Schema,
         folder: str,
         written: list[NewFile],
-    ) -> tuple[int, pa.Table]:
+    ) -> tuple[int, int]:
         """Write the mirrors of the files ``change`` added under ``folder`` (onto ``written``):
-        their rows' open lifetimes, carried from those of the files it removed (``carry``).
-        How many lifetimes it opened, and those it closed. With nothing removed (a first load,
-        an append), every added row opens a lifetime: read and written a file at a time, so the
-        driver holds one file's rows, not the version's."""
+        their rows' open lifetimes, carried from those of the files it removed (``carry``),
+        and a file of the lifetimes it closed. How many lifetimes it opened and closed. In
+        Spark tasks when the view is planned there (``View.tasks``); on the driver otherwise,
+        where a version that removes nothing (a first load, an append) is read and written a
+        file at a time, so the driver holds one file's rows, not the version's."""
+        if view.tasks is not None and (gone_files or adds):
+            return self._mirror_in_tasks(view, gone_files, adds, change, schema, folder, written)
         if not gone_files:
             n = 0
             for f in adds:
                 rows = opened(self._rows(view, f, version), change, schema)
-                written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+                written.append(self.store.write_file(_mirror_path(folder, f), rows))
                 n += rows.num_rows
-            return n, schema.empty_table()
+            return n, 0
         gone = pa.concat_tables([self.store.read(h, schema, ()) for h in gone_files])
         kept, closed = carry(gone, [self._rows(view, f, version) for f in adds], change, schema)
         for f, rows in zip(adds, kept, strict=True):  # (a file of no rows too: a later remove finds it)
-            written.append(self.store.write_file(f"{folder}/o-{mirror(f)}.parquet", rows))
+            written.append(self.store.write_file(_mirror_path(folder, f), rows))
+        if closed.num_rows:
+            written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
         opened_n = sum(int(pc.sum(pc.equal(t.column(OPENED_VERSION), version)).as_py() or 0) for t in kept)
-        return opened_n, closed
+        return opened_n, closed.num_rows
+
+    def _mirror_in_tasks(
+        self,
+        view: View,
+        gone_files: Sequence[DataFile],
+        adds: Sequence[DataFile],
+        change: Change,
+        schema: pa.Schema,
+        folder: str,
+        written: list[NewFile],
+    ) -> tuple[int, int]:
+        """``_mirror`` in Spark tasks: no row of the version comes to the driver."""
+        from mvsink.history.tasks import mirror_in_tasks
+
+        done = mirror_in_tasks(
+            view.tasks,
+            view_store=view.store,
+            view_arrow=view.arrow,
+            partition_by=view.partition_by,
+            history_store=self.store,
+            schema=schema,
+            removed=gone_files,
+            added=adds,
+            mirror_paths=[_mirror_path(folder, f) for f in adds],
+            closed_path=_closed_path(folder, change.time_us, unique="{}"),
+            change=change,
+            where=self.where,
+        )
+        for i, f in enumerate(adds):  # (a file of no rows too: a later remove finds it)
+            found = done.mirrors.get(i)
+            written.append(found or self.store.write_file(_mirror_path(folder, f), schema.empty_table()))
+        written.extend(done.closed)
+        return done.opened, sum(f.num_records for f in done.closed)
 
     def _late(self, view: View, actions: Sequence[Mapping[str, Any]], version: int) -> list[str]:
         """The part files of the late events version ``version`` met (``plan/late.py``; none:
@@ -578,11 +617,17 @@ class Tidied:
 NOTHING_TIDIED = Tidied(None, 0, 0, 0, 0)
 
 
-def _closed_path(folder: str, first_end_us: int) -> str:
+def _mirror_path(folder: str, file: DataFile) -> str:
+    """The history file under ``folder`` of view file ``file``'s open lifetimes."""
+    return f"{folder}/o-{mirror(file)}.parquet"
+
+
+def _closed_path(folder: str, first_end_us: int, unique: str | None = None) -> str:
     """A new file of closed lifetimes under ``folder``, named by the earliest ``valid_to`` it
     holds (microseconds): what the retention needs of it, without statistics (delta-rs lists
-    those of a table's first 32 columns only, and the lifetime columns come after the view's)."""
-    return f"{folder}/c-{first_end_us:017d}-{uuid.uuid4().hex}.parquet"
+    those of a table's first 32 columns only, and the lifetime columns come after the view's).
+    ``unique`` ends the name (default: a new one)."""
+    return f"{folder}/c-{first_end_us:017d}-{unique or uuid.uuid4().hex}.parquet"
 
 
 def _first_ends(snap: Snapshot) -> list[int | None]:

@@ -27,6 +27,7 @@ def at_version(spark, target: str, version: int) -> Counter:
     return multiset(to_arrow(spark.read.format("delta").option("versionAsOf", version).load(target)), COLS)
 
 
+@pytest.mark.both_placements  # (distributed: the history's tasks read files through vectors)
 @pytest.mark.parametrize("placement", ["driver", "distributed"])
 def test_the_history_of_a_deletion_vector_table_holds_every_version(spark, tmp_path, placement):
     target, history = str(tmp_path / "dv"), str(tmp_path / "dv_history")
