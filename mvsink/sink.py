@@ -108,19 +108,20 @@ class MVSink:
         if run is not None and run == self._located_for:
             return
         found: dict[str, str] = {}
-        moved = False
+        names: dict[str, str] = {}
         for option in ("target", "history_target"):
             name = self._names.get(option) or getattr(self.options, option)
             if name is None or is_path(name):
                 continue
-            known = option in self._names
             location = self._look_up(spark, option, name)
             if location is not None:
-                found[option] = location
-                moved = moved or (known and option == "target")
-        self._located_for = run
+                found[option], names[option] = location, name
+        # Only once every name resolved and the options hold together is anything kept.
         if found:
             self.options = SinkOptions.build(**{**self.options.model_dump(), **found})
+        moved = "target" in found and "target" in self._names
+        self._names.update(names)
+        self._located_for = run
         if moved:
             self.state.forget_table()
             self._probed = False
@@ -130,7 +131,7 @@ class MVSink:
         first look-up, or a move); None: where the options hold it already."""
         where = Where(self.name, self._names.get("target") or self.options.target)
         try:
-            location = locate(name, where, spark)
+            location = locate(name, where, spark, option)
         except CatalogUnavailable as exc:
             if option not in self._names:
                 raise
@@ -148,7 +149,6 @@ class MVSink:
                 getattr(self.options, option),
                 location,
             )
-        self._names[option] = name
         log.info("%s: %s %s is at %s", where, what, name, location)
         return location
 

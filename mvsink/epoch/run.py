@@ -296,7 +296,7 @@ class Epoch:
             return outcome
         failpoints.hit("after_commit", self.where)
         self.mode.committed(staged)
-        self._follow_history(outcome.version, snap, layout)
+        self._follow_history(outcome.version, snap, layout, staged)
         lower, upper = decision.desc.lower, decision.desc.upper
         return self.report("committed", lower, upper, outcome.version, attempt, snap, staged=staged)
 
@@ -376,7 +376,7 @@ class Epoch:
             self.where,
         )
 
-    def _follow_history(self, version: int, snap: Snapshot, layout: Layout) -> None:
+    def _follow_history(self, version: int, snap: Snapshot, layout: Layout, staged: Staged) -> None:
         """Right after the epoch's commit, the history's (H3). Its failure fails nothing: the
         view's version landed, and the next epoch completes the history before it plans."""
         if self.history is None:
@@ -386,7 +386,7 @@ class Epoch:
         )
         try:
             with self.ctx.phase("history"):
-                self.history.catch_up(view, version)
+                self.history.catch_up(view, version, moved=staged.moved)
         except Exception as exc:
             log.warning(
                 "%s: version %d of the view committed, and its history could not follow (%s): the "
@@ -494,6 +494,8 @@ class Epoch:
                 where=self.where,
                 change_feed=snap.change_feed,
                 deletion_vectors=snap.deletion_vectors,
+                # An upsert view's history follows its rewrites by where staging put their rows.
+                moves=opts.key if self.history is not None and opts.mode == "upsert" else (),
             )
             if is_dataframe(plan.inserts):
                 ctx.batch_ran = True  # Spark tasks wrote the whole batch

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -49,6 +50,7 @@ from mvsink.history.lifetimes import (
     By,
     Change,
     carry,
+    close,
     history_struct,
     met_late,
     opened,
@@ -59,6 +61,7 @@ from mvsink.table.catalog import is_path
 from mvsink.table.commit import Backoff, Lost, append, retrying
 from mvsink.table.delta import DataFile, NewFile, Snapshot, load_snapshot, open_existing, physical_names
 from mvsink.table.log import commit_info, log_actions
+from mvsink.table.plan import Moved
 from mvsink.table.record import (
     EPOCH,
     HISTORY,
@@ -145,18 +148,25 @@ class History:
     def keys(self) -> HistoryKeys:
         return HistoryKeys(self.view)
 
-    def catch_up(self, view: View, upto: int | None, start: Snapshot | None = None) -> None:
+    def catch_up(
+        self, view: View, upto: int | None, start: Snapshot | None = None, moved: Sequence[Moved] = ()
+    ) -> None:
         """Bring the history to hold every version of the view up to ``upto`` (None: the view
         has no table yet), one commit per version; refuse a history that is not this view's
         (``check``). A missing history begins: from ``start``, the view's snapshot at
         ``upto`` (its rows open lifetimes marked ``start``), or, without it, from the view's
-        first version (the view's table was made since the epoch's snapshot, by its commit)."""
+        first version (the view's table was made since the epoch's snapshot, by its commit).
+        ``moved``: where version ``upto``'s rewrites put their rows, as the sink that made it
+        staged them (``_follow_moved``)."""
         self._arrow(view)  # (refuses a view with a column a lifetime has: ``history_struct``)
         if not self._behind(view, upto):
             return
         while True:
             done = retrying(
-                self.retry, lambda n: self._step(view, upto, start), lost=self._lost, exhausted=self._gave_up
+                self.retry,
+                lambda n: self._step(view, upto, start, moved),
+                lost=self._lost,
+                exhausted=self._gave_up,
             )
             if done:
                 return
@@ -186,7 +196,7 @@ class History:
                 )
             return None
         if head.frontier is None:
-            refusal = head.unfit(self._schema_json(view))
+            refusal = head.unfit(self._schema_json(view)) or _ever_written(self.store, head.version)
             if refusal is None:
                 return None  # an empty table with the history's columns (a platform made it): ours
             raise ConfigError(
@@ -224,7 +234,9 @@ class History:
             self.where,
         )
 
-    def _step(self, view: View, upto: int | None, start: Snapshot | None) -> bool | Lost:
+    def _step(
+        self, view: View, upto: int | None, start: Snapshot | None, moved: Sequence[Moved] = ()
+    ) -> bool | Lost:
         """One commit of the history: True when the history then holds ``upto``, False when
         there is more to do, ``Lost`` when the commit lost a race."""
         assert upto is not None
@@ -235,7 +247,7 @@ class History:
         if frontier is not None and frontier > upto:
             return True
         at = frontier or 0
-        return self._follow(snap, view, at) or at >= upto
+        return self._follow(snap, view, at, moved if at == upto else ()) or at >= upto
 
     def _made_the_view(self, view: View) -> bool:
         """Whether the view's first version is an epoch of this view keeping this history: its
@@ -266,9 +278,10 @@ class History:
         schema_json = snap.schema_json or self._schema_json(view)  # (a table made for it keeps its own)
         return self._commit(snap, written, [], change, marks, folder, counts, schema_json)
 
-    def _follow(self, snap: Snapshot, view: View, version: int) -> Lost | None:
+    def _follow(self, snap: Snapshot, view: View, version: int, moved: Sequence[Moved] = ()) -> Lost | None:
         """Hold version ``version`` of the view in the history: one commit (which makes the
-        history table, holding the view from its first version, when there is none)."""
+        history table, holding the view from its first version, when there is none); its
+        rewrites followed by where they put their rows (``moved``) as far as that can be."""
         actions = log_actions(view.store, version)
         info = commit_info(view.store, version)
         if actions is None or info is None:
@@ -304,7 +317,7 @@ class History:
         # say) replaces it: its mirror goes as a removed file's does.
         held = {mirror(f) for f in removes}
         replaced = [f for f in adds if mirror(f) in mirrors and mirror(f) not in held]
-        gone_files = []
+        gone_files, mirror_of = [], {}
         for f in [*removes, *replaced]:
             found = mirrors.get(mirror(f))
             if found is None:
@@ -316,14 +329,20 @@ class History:
                     self.where,
                 )
             gone_files.append(found)
+            mirror_of[f.identity] = found
         schema = self._arrow(view)
         late_parts = self._late(view, actions, version)
         folder = self._folder()
         written: list[NewFile] = []
         try:
-            opened_n, n_closed = self._mirror(
-                view, version, gone_files, adds, change, schema, folder, written
+            # (Every mirror of a removed file goes in the commit, however its rows were followed.)
+            rest_gone, rest_adds, n_closed = self._follow_moved(
+                moved, mirror_of, gone_files, adds, change, schema, folder, written
             )
+            opened_n, carried = self._mirror(
+                view, version, rest_gone, rest_adds, change, schema, folder, written
+            )
+            n_closed += carried
             closed_n = n_closed
             # Late events, a part at a time (a version may meet many): a file of lifetimes each.
             met = replace(change, by="late")
@@ -349,6 +368,76 @@ class History:
         if outcome is None:
             self._sweep_late(view)
         return outcome
+
+    def _follow_moved(
+        self,
+        moved: Sequence[Moved],
+        mirror_of: Mapping[str, DataFile],
+        gone_files: Sequence[DataFile],
+        adds: Sequence[DataFile],
+        change: Change,
+        schema: pa.Schema,
+        folder: str,
+        written: list[NewFile],
+    ) -> tuple[list[DataFile], list[DataFile], int]:
+        """Follow the rewrites ``moved`` says where their rows went (an upsert epoch's own, as
+        it staged them) without matching a row: a rewritten file's mirror, less the lifetimes
+        at the positions it dropped (which close), is its copies' mirrors, run after run (or
+        the mirror of the file added again with a vector). That holds because a mirror's rows
+        line up with its file's (both ``_mirror`` paths write them in the file's order) and
+        the copies hold the kept rows in order (``rewrite.write_kept``); it is checked, by the
+        count and the key columns of the rows (unique within the file: ``_lines_up``), and a
+        rewrite that does not check out is left to ``carry``, as is every file ``moved`` does
+        not name. The mirrors and added files
+        left, and the lifetimes closed."""
+        by_key = {f.key: f for f in adds}
+        by_identity = {f.identity: f for f in adds}
+        done_gone: set[str] = set()
+        done_adds: set[str] = set()
+        closed_n = 0
+        for m in moved:
+            held = mirror_of.get(m.source)
+            targets = (
+                [by_identity.get(m.update)] if m.update is not None else [by_key.get(p) for p, _ in m.copies]
+            )
+            if held is None or any(t is None for t in targets) or (m.keys is None and len(m.drop) < m.size):
+                continue
+            lifetimes = self.store.read(held, schema, ())
+            if lifetimes.num_rows != m.size or (m.keys is not None and not _lines_up(lifetimes, m.keys)):
+                log.info(
+                    "%s: %s's lifetimes do not line up with its rows: matched by value", self.where, m.source
+                )
+                continue
+            keep = np.ones(m.size, dtype=bool)
+            keep[m.drop] = False
+            kept = lifetimes.filter(pa.array(keep))
+            runs = [kept.num_rows] if m.update is not None else [n for _, n in m.copies]
+            if sum(runs) != kept.num_rows:
+                continue
+            start = 0
+            for target, n in zip(targets, runs, strict=True):
+                assert target is not None
+                written.append(self.store.write_file(_mirror_path(folder, target), kept.slice(start, n)))
+                done_adds.add(target.identity)
+                start += n
+            closed = close(lifetimes.take(pa.array(m.drop)), change, schema)
+            if closed.num_rows:
+                written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
+            closed_n += closed.num_rows
+            done_gone.add(held.identity)
+        if moved:
+            log.debug(
+                "%s: version %d: %d of %d rewritten file(s) followed by where their rows went",
+                self.where,
+                change.version,
+                len(done_gone),
+                len(moved),
+            )
+        return (
+            [h for h in gone_files if h.identity not in done_gone],
+            [f for f in adds if f.identity not in done_adds],
+            closed_n,
+        )
 
     def _mirror(
         self,
@@ -617,6 +706,16 @@ class Tidied:
 NOTHING_TIDIED = Tidied(None, 0, 0, 0, 0)
 
 
+def _lines_up(lifetimes: pa.Table, keys: pa.Table) -> bool:
+    """Whether ``lifetimes`` are the rows whose key columns are ``keys``, one for one in their
+    order, as told by keys unique within them (a key held twice could be swapped unseen)."""
+    names = keys.column_names
+    if any(not lifetimes.column(n).equals(keys.column(n)) for n in names):
+        return False
+    distinct: int = keys.group_by(names, use_threads=False).aggregate([]).num_rows
+    return bool(distinct == keys.num_rows)
+
+
 def _mirror_path(folder: str, file: DataFile) -> str:
     """The history file under ``folder`` of view file ``file``'s open lifetimes."""
     return f"{folder}/o-{mirror(file)}.parquet"
@@ -663,6 +762,7 @@ class _Head:
     frontier: int | None
     schema_json: str
     table: int
+    version: int = 0
     files: int = 0
     partition_by: tuple[str, ...] = ()
     configuration: Mapping[str, str | None] = field(default_factory=dict)
@@ -677,6 +777,7 @@ class _Head:
         meta = table.metadata()
         return replace(
             head,
+            version=int(table.version()),
             files=len(table.file_uris()),
             partition_by=tuple(meta.partition_columns),
             configuration=dict(meta.configuration),
@@ -689,6 +790,7 @@ class _Head:
             snap.transaction(keys.frontier),
             snap.schema_json,
             snap.transaction(keys.table) or 0,
+            snap.version or 0,
             len(snap.files),
             snap.partition_by,
             snap.configuration,
@@ -696,22 +798,63 @@ class _Head:
 
     def unfit(self, history_json: str) -> str | None:
         """Why a history of columns ``history_json`` cannot begin in this table that holds
-        none (None: it may). Only an empty, unpartitioned table of exactly those columns (by
-        name and type; nullability aside) that names them as they are, with no file of any
-        version: one made for it (``CREATE TABLE``, a platform's catalog), never a table
-        anything wrote."""
+        none (None: it may, as far as its newest version tells: ``_ever_written`` reads the
+        rest). Only an empty, unpartitioned table of exactly those columns (by name and type),
+        each nullable, none generated, with an identity or a default, that names them as they
+        are, with no constraint, and none of the properties a history's commits cannot keep
+        (append-only, deletion vectors, the change feed): one made for it (``CREATE TABLE``,
+        a platform's catalog), never a table anything wrote."""
         if self.files:
             return f"it holds {self.files} file(s)"
         if self.partition_by:
             return f"it is partitioned (by {list(self.partition_by)})"
-        mapping = self.configuration.get("delta.columnMapping.mode")
+        settings = {k: str(v).lower() for k, v in self.configuration.items() if v is not None}
+        mapping = settings.get("delta.columnMapping.mode")
         if mapping not in (None, "none"):
             return f"it maps column names (delta.columnMapping.mode = {mapping})"
+        for key, what in _UNKEPT.items():
+            if settings.get(key) == "true":
+                return f"{what} ({key} = true)"
+        constraints = sorted(k for k in settings if k.startswith("delta.constraints."))
+        if constraints:
+            return f"it has CHECK constraints ({', '.join(constraints)})"
         have, want = _column_types(self.schema_json), _column_types(history_json)
         differ = sorted(n for n in have.keys() | want.keys() if have.get(n) != want.get(n))
         if differ:
             return f"its columns are not the history's (they differ in {', '.join(differ)})"
+        for f in json.loads(self.schema_json)["fields"]:
+            if not f.get("nullable", True):
+                return f"its column {f['name']} is NOT NULL (the history writes nulls)"
+            made = sorted(k for k in f.get("metadata") or {} if k.startswith(_MADE_COLUMN))
+            if made:
+                return f"its column {f['name']} is made by the table ({', '.join(made)})"
         return None
+
+
+_UNKEPT = {
+    "delta.appendOnly": "it is append-only (a history's commits remove files)",
+    "delta.enableDeletionVectors": "it turns deletion vectors on (the history commits through delta-rs)",
+    "delta.enableChangeDataFeed": "it turns the change data feed on (the history writes no change files)",
+}
+"""Table properties a history's commits cannot keep, with why."""
+_MADE_COLUMN = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "EXISTS_DEFAULT")
+"""Column metadata of a column the table fills itself (generated, identity, default)."""
+
+
+def _ever_written(store: Store, version: int) -> str | None:
+    """Why a table without a history cannot take one because of what its versions up to
+    ``version`` did: added a file, or carried an application's transaction (mvsink's, or
+    any other writer's). None: no version did (a table made and left empty)."""
+    for v in range(version + 1):
+        actions = log_actions(store, v)
+        if actions is None:
+            return f"its log no longer shows version {v} (what it held then cannot be told)"
+        if any("add" in a for a in actions):
+            return f"its version {v} added files"
+        txn = next((a["txn"].get("appId") for a in actions if "txn" in a), None)
+        if txn is not None:
+            return f"an application wrote it (transaction {txn!r} at version {v})"
+    return None
 
 
 def _epoch(info: Mapping[str, Any], view: str) -> int | None:

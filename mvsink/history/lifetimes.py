@@ -110,7 +110,7 @@ def met_late(rows: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
     """``rows`` of the view, late events ``change`` met (``plan/late.py``): lifetimes that close
     as they open, since the view never held them. They say when each came, and no time holds
     them: a late event reopens nothing, and the view at any time or version is unchanged."""
-    return _close(opened(rows, change, schema), change, schema)
+    return close(opened(rows, change, schema), change, schema)
 
 
 def carry(
@@ -150,7 +150,7 @@ def carry(
         )
     still = np.ones(len(ga), bool)
     still[pairs.column("i").to_numpy()] = False
-    closed = _close(gone.filter(pa.array(still)), change, schema)
+    closed = close(gone.filter(pa.array(still)), change, schema)
     out, start = [], 0
     for size in sizes:
         out.append(new.slice(start, size))
@@ -174,7 +174,7 @@ def _ranks(a: np.ndarray, b: np.ndarray, tie: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _close(lifetimes: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
+def close(lifetimes: pa.Table, change: Change, schema: pa.Schema) -> pa.Table:
     """``lifetimes`` closed by ``change``."""
     n = lifetimes.num_rows
     values = _values(change, schema, n)

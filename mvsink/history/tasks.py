@@ -20,6 +20,8 @@ them, and a shuffle moves a few large values instead of a value per column and r
 
 What comes back is the written files' add actions, and how many lifetimes each opened. An added
 file none of whose rows reached stage 3 (it holds none) gets its empty mirror from the driver.
+A version that removes nothing (a first load, an append) needs no matching: each task opens
+the rows of the files it reads and writes their mirrors (``_Open``), with no shuffle.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from mvsink.compat import map_in_arrow, to_arrow
 from mvsink.errors import MVSinkError, Where
-from mvsink.history.lifetimes import COLUMNS, OPENED_VERSION, Change, carry
+from mvsink.history.lifetimes import COLUMNS, OPENED_VERSION, Change, carry, opened
 from mvsink.table.delta import DataFile, NewFile
 from mvsink.table.fingerprint import fingerprints
 from mvsink.table.storage import Store
@@ -50,11 +52,14 @@ FILE = "__mvsink_file"
 POS = "__mvsink_pos"
 """A row's place in its file."""
 
-ROWS_PER_TASK = 500_000
-"""Lifetimes a carry task is given, about: the version's rows are spread over tasks of this
-many (at least two)."""
+BYTES_PER_TASK = 64 << 20
+"""Parquet bytes (of the files read) a carry task is given, about: the version's files are
+spread over tasks of this much (at least two). Rows equal to each other all meet in one task,
+whatever their number: what matching by value needs."""
 CHUNK_ROWS = 64 << 10
-"""Rows a chunk carries at most between two stages."""
+CHUNK_BYTES = 64 << 20
+"""Rows, and Arrow bytes, a chunk carries at most between two stages (one binary value: far
+below the 2 GiB an Arrow binary array holds)."""
 
 _CHUNKS = StructType(
     [
@@ -104,9 +109,21 @@ def mirror_in_tasks(
     written where the history's files go: each added file's open lifetimes at
     ``mirror_paths[i]``, closed lifetimes at paths from ``closed_path`` (a format string taking a
     unique ``{}``)."""
+    if not removed:
+        return _open_in_tasks(
+            spark,
+            view_store,
+            view_arrow,
+            partition_by,
+            history_store,
+            schema,
+            added,
+            mirror_paths,
+            change,
+            where,
+        )
     files = [*removed, *added]
-    rows = sum(max(f.num_records or 0, 1) for f in files)
-    carriers = max(2, -(-rows // ROWS_PER_TASK))
+    carriers = max(2, -(-sum(f.size for f in files) // BYTES_PER_TASK))
     # Chunks keyed finer than the tasks: Spark hashes the keys to tasks, evenly when there are many.
     read = _Read(view_store, view_arrow, partition_by, history_store, schema, len(removed), carriers * 8)
     chunks = map_in_arrow(file_frame(spark, files), read, _CHUNKS).repartition(carriers, F.col("key"))
@@ -129,6 +146,32 @@ def mirror_in_tasks(
             mirrors[r["file_no"]] = _new_file(r["written"])
             opened += r["opened"]
     return Mirrored(mirrors, closed, opened)
+
+
+def _open_in_tasks(
+    spark: Any,
+    view_store: Store,
+    view_arrow: pa.Schema,
+    partition_by: tuple[str, ...],
+    history_store: Store,
+    schema: pa.Schema,
+    added: Sequence[DataFile],
+    mirror_paths: Sequence[str],
+    change: Change,
+    where: Where,
+) -> Mirrored:
+    """A version that removes nothing (a first load, an append): every row it adds opens a
+    lifetime, so each file's mirror is written by the task that reads it, with no shuffle."""
+    task = _Open(
+        _Read(view_store, view_arrow, partition_by, history_store, schema, 0, 1), tuple(mirror_paths), change
+    )
+    try:
+        report = to_arrow(map_in_arrow(file_frame(spark, added), task, _REPORT))
+    except Exception as exc:
+        raise_task_errors(exc, where)
+        raise
+    rows = report.to_pylist()
+    return Mirrored({r["file_no"]: _new_file(r["written"]) for r in rows}, [], sum(r["opened"] for r in rows))
 
 
 def _pack(rows: pa.Table) -> bytes:
@@ -156,8 +199,9 @@ def _file_json(new: NewFile) -> str:
 
 
 def _chunks(key: int, rows: pa.Table) -> Iterator[pa.RecordBatch]:
-    for start in range(0, rows.num_rows, CHUNK_ROWS):
-        part = _pack(rows.slice(start, CHUNK_ROWS))
+    step = min(CHUNK_ROWS, max(1, CHUNK_BYTES * rows.num_rows // max(rows.nbytes, 1)))
+    for start in range(0, rows.num_rows, step):
+        part = _pack(rows.slice(start, step))
         yield pa.RecordBatch.from_pylist([{"key": key, "chunk": part, "written": None}], schema=_CHUNKS_ARROW)
 
 
@@ -210,6 +254,25 @@ class _Read:
             for name in self.schema.names
         }
         return pa.table(columns, schema=self.schema)
+
+
+@dataclass(frozen=True)
+class _Open:
+    """A task of a version that removes nothing (picklable): each added file's rows, opened
+    as lifetimes and written as its mirror."""
+
+    read: _Read
+    paths: tuple[str, ...]
+    change: Change
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        view = [n for n in self.read.schema.names if n not in COLUMNS]
+        for row, file in task_files(batches):
+            number = int(row["file_no"])
+            with in_task(f"writing the history's mirror of {file.path}"):
+                rows = opened(self.read._lifetimes(number, file).select(view), self.change, self.read.schema)
+                new = self.read.history_store.write_file(self.paths[number], rows)
+            yield _report(number, _file_json(new), rows.num_rows)
 
 
 @dataclass(frozen=True)

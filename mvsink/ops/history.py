@@ -142,7 +142,7 @@ def _root(
     """The history's root: ``history_target`` (a path, or a table name looked up in the
     catalog), else where the view's commits say."""
     if history_target is not None:
-        return table_root(locate(history_target, where, spark))
+        return table_root(locate(history_target, where, spark, "history_target"))
     return table_root(_recorded(view_store, name, where))
 
 

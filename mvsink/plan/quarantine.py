@@ -78,6 +78,8 @@ def errors_options(opts: SinkOptions) -> SinkOptions:
             "cluster_by": (),
             "compact_every": None,
             "metrics_table": None,
+            "history_target": None,  # the view's history is the view's, not its errors table's
+            "history_retention": None,
             # The view decides which epochs and lineages count (it runs first): the errors
             # table follows it, whatever its own history says.
             "on_new_lineage": "adopt",

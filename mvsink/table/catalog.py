@@ -49,7 +49,7 @@ def check_name(target: str) -> None:
         )
 
 
-def locate(target: str, where: Where, spark: Any = None) -> str:
+def locate(target: str, where: Where, spark: Any = None, what: str = "target") -> str:
     """``target`` itself when it is a path, else the location of the Delta table it names in
     ``spark``'s catalog (by default the active session's): how the operations commands take
     names. Without a session, a ``ConfigError`` that says what to give instead."""
@@ -61,41 +61,41 @@ def locate(target: str, where: Where, spark: Any = None) -> str:
         spark = SparkSession.getActiveSession()
     if spark is None:
         raise ConfigError(
-            f"target {target!r} is a table name: resolving it needs a Spark session whose catalog "
+            f"{what} {target!r} is a table name: resolving it needs a Spark session whose catalog "
             f"knows it (start one first; the CLI starts one configured by the job file's [spark] "
             f"and --conf), or give the table's path or URI ('./{target}' for a folder of that name)",
             where,
         )
-    return resolve(spark, target, where)
+    return resolve(spark, target, where, what)
 
 
-def resolve(spark: Any, name: str, where: Where) -> str:
+def resolve(spark: Any, name: str, where: Where, what: str = "target") -> str:
     """The location of the Delta table ``name`` in ``spark``'s catalog."""
     try:
         known = bool(spark.catalog.tableExists(name))
     except Exception as exc:
         raise CatalogUnavailable(
-            f"target {name!r}: the session's catalog cannot look it up: {first_line(exc)}", where
+            f"{what} {name!r}: the session's catalog cannot look it up: {first_line(exc)}", where
         ) from None
     if known and os.path.isdir(os.path.join(name, "_delta_log")):
         raise ConfigError(
-            f"target {name!r} is both a table in the session's catalog and a Delta table in the "
+            f"{what} {name!r} is both a table in the session's catalog and a Delta table in the "
             f"folder ./{name}: say which, with the table's full name or './{name}'",
             where,
         )
     if not known:
         raise ConfigError(
-            f"target {name!r} is a table name the session's catalog does not know. Create the "
+            f"{what} {name!r} is a table name the session's catalog does not know. Create the "
             f"table first, or give a path: './{name}' for a folder of that name.",
             where,
         )
-    _refuse_view(spark, name, where)
+    _refuse_view(spark, name, where, what)
     try:
         rows = spark.sql(f"DESCRIBE DETAIL {name}").collect()
     except Exception as exc:
         # Without Delta's SQL extension, DESCRIBE DETAIL t reads as DESCRIBE TABLE `DETAIL` t.
         raise CatalogUnavailable(
-            f"target {name!r} is a table name, and resolving it needs Delta in the Spark session "
+            f"{what} {name!r} is a table name, and resolving it needs Delta in the Spark session "
             f"(delta-spark, whose DESCRIBE DETAIL gives a table's location): {first_line(exc)}. "
             "Give the table's path or URI instead.",
             where,
@@ -103,14 +103,14 @@ def resolve(spark: Any, name: str, where: Where) -> str:
     detail = rows[0].asDict() if rows else {}
     if str(detail.get("format", "")).lower() != "delta" or not detail.get("location"):
         raise ConfigError(
-            f"target {name!r} is a {detail.get('format') or 'non-Delta'} table, not a Delta table: "
+            f"{what} {name!r} is a {detail.get('format') or 'non-Delta'} table, not a Delta table: "
             "mvsink keeps Delta tables only",
             where,
         )
-    return _hadoop_location(name, str(detail["location"]), where)
+    return _hadoop_location(name, str(detail["location"]), where, what)
 
 
-def _refuse_view(spark: Any, name: str, where: Where) -> None:
+def _refuse_view(spark: Any, name: str, where: Where, what: str) -> None:
     """A ``ConfigError`` if ``name`` is a view (temporary, global temporary or persistent):
     it has no location to keep. A catalog that cannot say leaves ``DESCRIBE DETAIL`` to."""
     try:
@@ -120,13 +120,13 @@ def _refuse_view(spark: Any, name: str, where: Where) -> None:
     kind = str(getattr(table, "tableType", "") or "").upper()
     if kind in ("VIEW", "TEMPORARY", "MATERIALIZED_VIEW") or getattr(table, "isTemporary", False):
         raise ConfigError(
-            f"target {name!r} is a view, not a table ({kind.lower() or 'temporary'} in the session's "
+            f"{what} {name!r} is a view, not a table ({kind.lower() or 'temporary'} in the session's "
             "catalog): mvsink keeps a Delta table. Name a Delta table, or give its path or URI.",
             where,
         )
 
 
-def _hadoop_location(name: str, location: str, where: Where) -> str:
+def _hadoop_location(name: str, location: str, where: Where, what: str = "target") -> str:
     """The path or URI mvsink opens for a location as Hadoop prints it (already decoded:
     ``file:/lake/t`` on local disk, else the store's URI), character for character.
 
@@ -137,7 +137,7 @@ def _hadoop_location(name: str, location: str, where: Where) -> str:
     as a URL's fragment or query, and dropped: ``s3://b/orders#v2`` would be ``s3://b/orders``)."""
     if "%" in location:
         raise ConfigError(
-            f"target {name!r} is at {location!r}, whose percent sign delta-rs would read as a "
+            f"{what} {name!r} is at {location!r}, whose percent sign delta-rs would read as a "
             "percent-escape (another folder): give the table a location without one",
             where,
         )
@@ -147,15 +147,15 @@ def _hadoop_location(name: str, location: str, where: Where) -> str:
             host, slash, rest = path[2:].partition("/")
             path = slash + rest if host in ("", "localhost") else ""
         if not path.startswith("/"):
-            raise ConfigError(f"target {name!r} is at {location!r}, not a local absolute path", where)
+            raise ConfigError(f"{what} {name!r} is at {location!r}, not a local absolute path", where)
         return path
     scheme = urlparse(location).scheme
     if not scheme and not location.startswith("/"):
-        raise ConfigError(f"target {name!r} is at {location!r}, which is not an absolute location", where)
+        raise ConfigError(f"{what} {name!r} is at {location!r}, which is not an absolute location", where)
     if scheme and ("#" in location or "?" in location):
         mark = "#" if "#" in location else "?"
         raise ConfigError(
-            f"target {name!r} is at {location!r}, whose {mark!r} delta-rs would read as the start of "
+            f"{what} {name!r} is at {location!r}, whose {mark!r} delta-rs would read as the start of "
             f"a URL's {'fragment' if mark == '#' else 'query'} and drop (another folder): give the "
             "table a location without '#' or '?'",
             where,

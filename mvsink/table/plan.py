@@ -46,6 +46,23 @@ class Rewrite:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """What staging made of one rewritten file's rows, for what follows the commit (the
+    history, ``history/keep.py``): the rows of ``source`` (its identity; ``size`` rows) but
+    those at ``drop`` went, in order, to ``copies`` (paths and row counts: each copy a run of
+    the kept rows, in the file's order), or stayed in ``update`` (the file added again with a
+    vector dropping them). ``keys``: the key columns of the file's rows, in its order, that
+    tell a follower its own copy of them lines up (None: the rows were never read)."""
+
+    source: str
+    size: int
+    drop: I64
+    copies: tuple[tuple[str, int], ...] = ()
+    update: str | None = None
+    keys: pa.Table | None = None
+
+
+@dataclass(frozen=True)
 class TaskRewrites:
     """Rewrites decided in Spark (the distributed path), done by Spark tasks: ``frame`` has a
     row per file to rewrite, ``file_no`` (into ``files``) and ``drop`` (positions, sorted)."""
@@ -127,6 +144,9 @@ class Staged:
     """The files ``sides`` wrote."""
     replaces_all: bool = False
     """The plan's ``Plan.replaces_all``: the commit replaces every file with desired."""
+    moved: tuple[Moved, ...] = ()
+    """Where the rewritten files' rows went, when staging was asked to say (``stage``'s
+    ``moves``): the driver's rewrites."""
 
     @property
     def bytes_written(self) -> int:

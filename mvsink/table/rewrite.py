@@ -8,6 +8,7 @@ into a change file (``change_feed.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,7 +20,7 @@ from mvsink.table.delta import DataFile
 from mvsink.table.fingerprint import fingerprints
 from mvsink.table.index import FileEntry
 from mvsink.table.layout import Layout
-from mvsink.table.plan import Rewrite
+from mvsink.table.plan import Moved, Rewrite
 from mvsink.table.storage import Store, Written
 
 
@@ -33,6 +34,8 @@ class Kept:
     written: list[Written]
     update: DataFile | None = None
     entry: FileEntry | None = None
+    moved: Moved | None = None
+    """Where its rows went, when asked (``write_kept``'s ``moves``)."""
 
 
 def write_kept(
@@ -46,13 +49,18 @@ def write_kept(
     hash_kept: bool = False,
     changes: str | None = None,
     vectors: bool = False,
+    moves: Sequence[str] = (),
 ) -> Kept:
     """Drop a rewritten file's rows at ``rewrite.drop``: write its kept rows as new files, or,
     with ``vectors``, mark the dropped rows in a new deletion vector of the file (``mark``).
     The file is read here unless planning read it, and released once written (one file per
     thread at a time); a file whose every row goes is not read at all, unless its dropped rows
     go into a change file under ``changes``. The kept rows' fingerprints come from the
-    rewrite's, or are computed if ``hash_kept``."""
+    rewrite's, or are computed if ``hash_kept``. With ``moves`` (key columns), it says where
+    the rows went (``Moved``, keyed by those columns of the rows it read).
+
+    The kept rows' copies hold them in the file's order, each copy the next run of them
+    (``Store.write`` of one partition's rows slices them in order): what ``Moved`` says."""
     drop = rewrite.drop
     if len(drop) and (drop[0] < 0 or (len(drop) > 1 and not bool(np.all(drop[1:] > drop[:-1])))):
         raise InvariantViolation(
@@ -61,8 +69,8 @@ def write_kept(
     drops_all = rewrite.size is not None and len(drop) == rewrite.size
     if changes is None and (drops_all or (vectors and rewrite.file.num_records is not None)):
         if drops_all:
-            return Kept(0, [])
-        return mark(store, folder, rewrite, [], where)
+            return Kept(0, [], moved=_moved(rewrite, moves, None, [], None))
+        return _marked(mark(store, folder, rewrite, [], where), rewrite, moves, rewrite.rows)
     rows = rewrite.rows
     if rows is None:
         rows = store.read(rewrite.file, layout.arrow, layout.partition_by)
@@ -82,19 +90,42 @@ def write_kept(
         deleted = with_change_type(rows.take(pa.array(drop)), "delete")
         out = store.write(changes, deleted, layout.partition_by, max_rows_per_file, schema=layout.arrow)
     if not keep.any():
-        return Kept(0, out)
+        return Kept(0, out, moved=_moved(rewrite, moves, rows, [], None))
     if vectors and rewrite.file.num_records is not None:
-        return mark(store, folder, rewrite, out, where)
+        return _marked(mark(store, folder, rewrite, out, where), rewrite, moves, rows)
     kept = rows.filter(pa.array(keep))
     fps = None
     if rewrite.fps is not None:
         fps = (rewrite.fps[0][keep], rewrite.fps[1][keep])
     elif hash_kept:
         fps = fingerprints(kept)
-    return Kept(
-        kept.num_rows,
-        out + store.write(folder, kept, layout.partition_by, max_rows_per_file, fps, schema=layout.arrow),
+    copies = store.write(folder, kept, layout.partition_by, max_rows_per_file, fps, schema=layout.arrow)
+    return Kept(kept.num_rows, out + copies, moved=_moved(rewrite, moves, rows, copies, None))
+
+
+def _moved(
+    rewrite: Rewrite,
+    moves: Sequence[str],
+    rows: pa.Table | None,
+    copies: list[Written],
+    update: DataFile | None,
+) -> Moved | None:
+    """``Moved`` for a rewrite, when asked (``moves``) and its size is known."""
+    size = rewrite.size if rows is None else rows.num_rows
+    if not moves or size is None:
+        return None
+    return Moved(
+        rewrite.file.identity,
+        size,
+        rewrite.drop,
+        tuple((w.file.path, w.file.num_records) for w in copies),
+        None if update is None else update.identity,
+        None if rows is None else rows.select(list(moves)),
     )
+
+
+def _marked(kept: Kept, rewrite: Rewrite, moves: Sequence[str], rows: pa.Table | None) -> Kept:
+    return replace(kept, moved=_moved(rewrite, moves, rows, [], kept.update))
 
 
 def mark(store: Store, folder: str, rewrite: Rewrite, written: list[Written], where: Where) -> Kept:

@@ -28,7 +28,7 @@ from mvsink.table.delta import DataFile
 from mvsink.table.fingerprint import I64
 from mvsink.table.index import FileEntry, StoredIndex
 from mvsink.table.layout import Layout
-from mvsink.table.plan import NOTHING, Plan, SideFiles, Staged, TaskRewrites
+from mvsink.table.plan import NOTHING, Moved, Plan, SideFiles, Staged, TaskRewrites
 from mvsink.table.rewrite import Kept, write_kept
 from mvsink.table.storage import Store, Written
 from mvsink.table.tasks import raise_task_errors, rewrite_frame, write_frame
@@ -49,20 +49,23 @@ def stage(
     where: Where,
     change_feed: bool = False,
     deletion_vectors: bool = False,
+    moves: Sequence[str] = (),
 ) -> Staged:
     """Write ``plan``'s inserts and rewrites as new files (and their index entries, if the plan
     is indexed); with ``change_feed``, also the change files a commit that rewrites files needs
     (``change_feed.py``); with ``deletion_vectors``, a file that keeps some rows gets a deletion
-    vector instead of being rewritten. Nothing becomes visible. The steps: the rewrites start
-    (``_start_rewrites``), the inserts are written meanwhile (``_write_inserts``), the rewrites
-    end, the new files are indexed (``_index``) and every row counted (``_check_counts``)."""
+    vector instead of being rewritten; with ``moves`` (key columns), where each rewritten
+    file's rows went (``Staged.moved``: the driver's rewrites). Nothing becomes visible. The
+    steps: the rewrites start (``_start_rewrites``), the inserts are written meanwhile
+    (``_write_inserts``), the rewrites end, the new files are indexed (``_index``) and every
+    row counted (``_check_counts``)."""
     if plan.inserts is None and not plan.rewrites:
         if not plan.sides:
             return NOTHING
         return replace(NOTHING, sides=plan.sides, side_paths=_write_sides(store, plan.sides, where))
     folder = f"mvsink-{view}-e{epoch}-{uuid.uuid4().hex[:12]}"
     changes = f"{folder}/{CHANGE_DIR}" if change_feed and plan.rewrites else None
-    at = _Attempt(store, layout, folder, changes, max_rows_per_file, where, deletion_vectors)
+    at = _Attempt(store, layout, folder, changes, max_rows_per_file, where, deletion_vectors, tuple(moves))
     side_paths = _write_sides(store, plan.sides, where)
     written: list[Written] = []
     with _discarded_on_failure(store, folder, plan, written, where):
@@ -89,6 +92,7 @@ def stage(
         plan.sides,
         side_paths,
         replaces_all=plan.replaces_all,
+        moved=tuple(rewritten.moved),
     )
 
 
@@ -129,6 +133,8 @@ class _Attempt:
     where: Where
     vectors: bool
     """A rewritten file that keeps some rows gets a deletion vector (``rewrite.mark``)."""
+    moves: tuple[str, ...] = ()
+    """Say where each rewritten file's rows went, by these key columns (``Moved``)."""
 
 
 @dataclass
@@ -140,12 +146,15 @@ class _Rewritten:
     kept: int = 0
     removes: tuple[DataFile, ...] = ()
     updates: list[Kept] = field(default_factory=list)
+    moved: list[Moved] = field(default_factory=list)
 
     def add(self, done: Kept) -> None:
         """One driver rewrite's outcome (``rewrite.write_kept``)."""
         self.kept += done.rows
         if done.update is not None:
             self.updates.append(done)
+        if done.moved is not None:
+            self.moved.append(done.moved)
 
 
 def _start_rewrites(
@@ -177,6 +186,7 @@ def _start_rewrites(
             at.where,
             changes=at.changes,
             vectors=at.vectors,
+            moves=at.moves,
         )
         for r in plan.rewrites
     ]

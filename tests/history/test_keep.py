@@ -262,8 +262,9 @@ def test_an_empty_table_made_with_the_historys_columns_is_where_the_history_begi
 
 
 def test_a_delta_table_unfit_for_the_history_is_refused_with_the_columns_it_takes(spark, tmp_path):
-    """An empty table is taken only as made for the history: none with files, partitions,
-    mapped column names or other columns."""
+    """An empty table is taken only as made for the history: none with files (now or ever),
+    partitions, mapped column names, properties its commits cannot keep, NOT NULL or other
+    columns."""
     target = str(tmp_path / "t")
     MVSink(target, "v")(people(spark, range(3)), 0)
     rows = pa.Table.from_pylist([{"id": 1}], schema=PEOPLE_HISTORY)
@@ -273,8 +274,20 @@ def test_a_delta_table_unfit_for_the_history_is_refused_with_the_columns_it_take
         "delta.minReaderVersion": "2",
         "delta.minWriterVersion": "5",
     }
+    not_null = pa.schema([f.with_nullable(f.name != "closed_by") for f in PEOPLE_HISTORY])
+
+    def emptied(h: str) -> None:  # a file added, then every row deleted: empty, but written
+        write_deltalake(h, rows)
+        DeltaTable(h).delete()
+
     unfit = {
         "rows": (lambda h: write_deltalake(h, rows), "it holds 1 file"),
+        "emptied": (emptied, "its version 0 added files"),
+        "append-only": (
+            lambda h: DeltaTable.create(h, PEOPLE_HISTORY, configuration={"delta.appendOnly": "true"}),
+            "it is append-only",
+        ),
+        "not null": (lambda h: DeltaTable.create(h, not_null), "its column closed_by is NOT NULL"),
         "partitioned": (
             lambda h: DeltaTable.create(h, PEOPLE_HISTORY, partition_by=["name"]),
             "it is partitioned",
@@ -373,3 +386,16 @@ def test_a_view_with_a_lifetime_column_is_refused(spark, tmp_path):
 def test_the_history_cannot_lie_inside_the_target(tmp_path):
     with pytest.raises(ConfigError, match="history_target"):
         MVSink(str(tmp_path / "t"), "v", history_target=str(tmp_path / "t" / "h"))
+
+
+def test_a_view_with_an_errors_table_keeps_its_history_and_the_errors_table_none(spark, tmp_path):
+    """The errors table's sink (``on_error = "table"``) is the view's, less its history: the
+    history holds the view's versions only, and the errors table is kept as ever."""
+    target, history = str(tmp_path / "t"), str(tmp_path / "h")
+    sink = MVSink(target, "v", history_target=history, on_error="table", not_null=["name"])
+    for epoch, rows in enumerate(
+        [[(1, "a", 1.0), (2, None, 2.0)], [(1, "a", 1.0), (3, "c", 3.0), (4, None, 4.0)]]
+    ):
+        assert sink(frame(spark, rows), epoch).outcome == "committed"
+    assert_holds_every_version(target, history, "v")
+    assert sorted(r["id"] for r in DeltaTable(f"{target}_errors").to_pyarrow_table().to_pylist()) == [4]

@@ -3,11 +3,14 @@ is a lifetime that closes as it opens, where it came; on both engines and both p
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
 from collections import Counter
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -17,6 +20,7 @@ from mvsink.compat import to_arrow
 from tests.helpers import (
     KEYED,
     assert_holds_every_version,
+    frame,
     history_frontier,
     keyed,
     late_folders,
@@ -158,3 +162,50 @@ def test_a_history_made_again_from_the_views_first_version_holds_its_late_events
     assert_holds_every_version(target, history, "keyed")
     again = [r for r in lifetimes(history) if r["opened_version"] <= 1]
     assert sorted(map(str, again)) == before
+
+
+def _followed(caplog) -> list[tuple[int, int]]:
+    """(followed, named) per version, from the history's DEBUG summaries."""
+    found = []
+    for r in caplog.records:
+        text = r.getMessage()
+        if "rewritten file(s) followed by where their rows went" in text:
+            followed, _, named = text.split(": ")[-1].split(" rewritten")[0].partition(" of ")
+            found.append((int(followed), int(named)))
+    return found
+
+
+def test_an_epochs_rewrites_are_followed_by_where_staging_put_their_rows(spark, tmp_path, caplog):
+    """An upsert epoch tells its history where each rewritten file's kept rows went, so the
+    history cuts the dropped lifetimes out of the file's mirror (no row matched by value);
+    every version exact, updates and deletes spread over many files."""
+    target, history = str(tmp_path / "t"), str(tmp_path / "h")
+    sink = keyed(target, history, "driver", max_rows_per_file=10)
+    with caplog.at_level(logging.DEBUG, logger="mvsink.history.keep"):
+        sink(frame(spark, [(i, f"v{i}", 1, False) for i in range(60)], SCHEMA), 0)
+        sink(frame(spark, [(i, f"w{i}", 2, i % 9 == 0) for i in range(0, 60, 4)], SCHEMA), 1)
+        sink(frame(spark, [(i, f"x{i}", 3, False) for i in range(1, 60, 7)], SCHEMA), 2)
+    assert_holds_every_version(target, history, "keyed")
+    followed = _followed(caplog)
+    assert len(followed) == 2 and all(f == n and n >= 5 for f, n in followed), followed
+    # The lifetimes the updates closed are those of the rows they replaced.
+    closed = sorted((r["id"], r["v"]) for r in lifetimes(history) if r["closed_version"] == 1)
+    assert closed == [(i, f"v{i}") for i in range(0, 60, 4)]
+
+
+def test_a_mirror_out_of_line_with_its_file_is_matched_by_value(spark, tmp_path, caplog):
+    """A mirror whose rows are not in its file's order (so a position would name another
+    row): the key columns tell, and the history matches that file's rows by value instead."""
+    target, history = str(tmp_path / "t"), str(tmp_path / "h")
+    sink = keyed(target, history, "driver", max_rows_per_file=100)
+    sink(frame(spark, [(i, f"v{i}", 1, False) for i in range(20)], SCHEMA), 0)
+    for path in DeltaTable(history).file_uris():  # the first load's mirrors: same rows, reversed
+        if os.path.basename(path).startswith("o-"):
+            rows = pq.read_table(path)
+            pq.write_table(rows.take(pa.array(list(reversed(range(rows.num_rows))))), path)
+    with caplog.at_level(logging.DEBUG, logger="mvsink.history.keep"):
+        sink(frame(spark, [(3, "w3", 2, False), (17, None, 2, True)], SCHEMA), 1)
+    ((followed, named),) = _followed(caplog)
+    assert followed == 0 and named >= 1
+    assert "do not line up with its rows: matched by value" in caplog.text
+    assert_holds_every_version(target, history, "keyed")

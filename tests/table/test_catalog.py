@@ -58,7 +58,7 @@ def test_a_history_named_that_the_catalog_does_not_know_is_an_error_never_a_fold
 ):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(
-        ConfigError, match=r"'revenue_history' is a table name the session's catalog does not know"
+        ConfigError, match=r"history_target 'revenue_history' is a table name the session's catalog does not know"
     ):
         MVSink("./revenue", "revenue", history_target="revenue_history")(people(spark, range(3)), 0)
     assert os.listdir(tmp_path) == []  # neither the view's table nor a folder made from the name
