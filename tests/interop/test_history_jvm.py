@@ -131,7 +131,7 @@ def test_an_upsert_view_on_a_deletion_vector_table_follows_its_vectors_by_positi
     (no row matched by value), and holds every version as Spark's ``VERSION AS OF`` reads it."""
     target, history = str(tmp_path / "dv"), str(tmp_path / "dv_history")
     spark.sql(
-        f"CREATE TABLE delta.`{target}` ({KEYED}) USING delta "
+        f"CREATE TABLE delta.`{target}` (id long, v string, seq long) USING delta "  # (no delete column)
         "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
     )
     sink = keyed(target, history, max_rows_per_file=25)
