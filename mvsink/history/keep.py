@@ -113,9 +113,8 @@ class View:
         """A file of an add or remove action of the view's log."""
         logical = {p: n for n, p in physical_names(self.schema_json).items()}
         values = {logical.get(k, k): v for k, v in (action.get("partitionValues") or {}).items()}
-        return DataFile(
-            action["path"], int(action.get("size") or 0), None, values, action.get("deletionVector")
-        )
+        vector = action.get("deletionVector")
+        return DataFile(action["path"], int(action.get("size") or 0), _held_rows(action), values, vector)
 
     def rows(self, file: DataFile) -> pa.Table:
         return self.store.read(file, self.arrow, self.partition_by)
@@ -196,7 +195,11 @@ class History:
                 )
             return None
         if head.frontier is None:
-            refusal = head.unfit(self._schema_json(view)) or _ever_written(self.store, head.version)
+            refusal = (
+                head.unfit(self._schema_json(view), view.schema_json)
+                or _ever_written(self.store, head.version)
+                or _unwritable(self.root, self.store.options)
+            )
             if refusal is None:
                 return None  # an empty table with the history's columns (a platform made it): ours
             raise ConfigError(
@@ -394,7 +397,7 @@ class History:
         by_identity = {f.identity: f for f in adds}
         done_gone: set[str] = set()
         done_adds: set[str] = set()
-        closed_n = 0
+        closed: list[pa.Table] = []
         for m in moved:
             held = mirror_of.get(m.source)
             targets = (
@@ -420,11 +423,13 @@ class History:
                 written.append(self.store.write_file(_mirror_path(folder, target), kept.slice(start, n)))
                 done_adds.add(target.identity)
                 start += n
-            closed = close(lifetimes.take(pa.array(m.drop)), change, schema)
-            if closed.num_rows:
-                written.append(self.store.write_file(_closed_path(folder, change.time_us), closed))
-            closed_n += closed.num_rows
+            closed.append(close(lifetimes.take(pa.array(m.drop)), change, schema))
             done_gone.add(held.identity)
+        closed_n = sum(t.num_rows for t in closed)
+        if closed_n:  # one file of the lifetimes closed, whatever the files they came from
+            written.append(
+                self.store.write_file(_closed_path(folder, change.time_us), pa.concat_tables(closed))
+            )
         if moved:
             log.debug(
                 "%s: version %d: %d of %d rewritten file(s) followed by where their rows went",
@@ -706,6 +711,18 @@ class Tidied:
 NOTHING_TIDIED = Tidied(None, 0, 0, 0, 0)
 
 
+def _held_rows(action: Mapping[str, Any]) -> int | None:
+    """The rows an add action's file holds (its statistics' count, less those its deletion
+    vector drops); None: its writer recorded no count."""
+    try:
+        count = json.loads(action.get("stats") or "{}").get("numRecords")
+    except ValueError:
+        return None
+    if count is None:
+        return None
+    return int(count) - int((action.get("deletionVector") or {}).get("cardinality") or 0)
+
+
 def _lines_up(lifetimes: pa.Table, keys: pa.Table) -> bool:
     """Whether ``lifetimes`` are the rows whose key columns are ``keys``, one for one in their
     order, as told by keys unique within them (a key held twice could be swapped unseen)."""
@@ -796,11 +813,13 @@ class _Head:
             snap.configuration,
         )
 
-    def unfit(self, history_json: str) -> str | None:
+    def unfit(self, history_json: str, view_json: str) -> str | None:
         """Why a history of columns ``history_json`` cannot begin in this table that holds
         none (None: it may, as far as its newest version tells: ``_ever_written`` reads the
         rest). Only an empty, unpartitioned table of exactly those columns (by name and type),
-        each nullable, none generated, with an identity or a default, that names them as they
+        nullable where the history may write a null (every lifetime column, and each view
+        column the view's table, ``view_json``, lets be null), none generated, with an identity
+        or a default, that names them as they
         are, with no constraint, and none of the properties a history's commits cannot keep
         (append-only, deletion vectors, the change feed): one made for it (``CREATE TABLE``,
         a platform's catalog), never a table anything wrote."""
@@ -822,9 +841,10 @@ class _Head:
         differ = sorted(n for n in have.keys() | want.keys() if have.get(n) != want.get(n))
         if differ:
             return f"its columns are not the history's (they differ in {', '.join(differ)})"
+        required = {f["name"] for f in json.loads(view_json)["fields"] if not f.get("nullable", True)}
         for f in json.loads(self.schema_json)["fields"]:
-            if not f.get("nullable", True):
-                return f"its column {f['name']} is NOT NULL (the history writes nulls)"
+            if not f.get("nullable", True) and f["name"] not in required:
+                return f"its column {f['name']} is NOT NULL (the history writes nulls there)"
             made = sorted(k for k in f.get("metadata") or {} if k.startswith(_MADE_COLUMN))
             if made:
                 return f"its column {f['name']} is made by the table ({', '.join(made)})"
@@ -839,6 +859,15 @@ _UNKEPT = {
 """Table properties a history's commits cannot keep, with why."""
 _MADE_COLUMN = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "EXISTS_DEFAULT")
 """Column metadata of a column the table fills itself (generated, identity, default)."""
+
+
+def _unwritable(root: str, options: Mapping[str, str]) -> str | None:
+    """Why the history's commits (through delta-rs) could not write the table at ``root``: a
+    table feature the installed delta-rs does not write."""
+    from mvsink.table.delta import delta_rs_refusal
+
+    refusal = delta_rs_refusal(root, options)
+    return None if refusal is None else f"the history's commits (delta-rs) cannot write it: {refusal}"
 
 
 def _ever_written(store: Store, version: int) -> str | None:

@@ -53,8 +53,10 @@ POS = "__mvsink_pos"
 """A row's place in its file."""
 
 BYTES_PER_TASK = 64 << 20
-"""Parquet bytes (of the files read) a carry task is given, about: the version's files are
-spread over tasks of this much (at least two). Rows equal to each other all meet in one task,
+ROWS_PER_TASK = 1_000_000
+"""Parquet bytes (of the files read), and rows where the log counts them, a carry task is
+given, about: the version's files are spread over tasks of at most this much (at least two;
+well-compressed files count by their rows). Rows equal to each other all meet in one task,
 whatever their number: what matching by value needs."""
 CHUNK_ROWS = 64 << 10
 CHUNK_BYTES = 64 << 20
@@ -123,7 +125,8 @@ def mirror_in_tasks(
             where,
         )
     files = [*removed, *added]
-    carriers = max(2, -(-sum(f.size for f in files) // BYTES_PER_TASK))
+    rows = sum(f.num_records or 0 for f in files)
+    carriers = max(2, -(-sum(f.size for f in files) // BYTES_PER_TASK), -(-rows // ROWS_PER_TASK))
     # Chunks keyed finer than the tasks: Spark hashes the keys to tasks, evenly when there are many.
     read = _Read(view_store, view_arrow, partition_by, history_store, schema, len(removed), carriers * 8)
     chunks = map_in_arrow(file_frame(spark, files), read, _CHUNKS).repartition(carriers, F.col("key"))
