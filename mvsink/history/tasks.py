@@ -112,18 +112,8 @@ def mirror_in_tasks(
     ``mirror_paths[i]``, closed lifetimes at paths from ``closed_path`` (a format string taking a
     unique ``{}``)."""
     if not removed:
-        return _open_in_tasks(
-            spark,
-            view_store,
-            view_arrow,
-            partition_by,
-            history_store,
-            schema,
-            added,
-            mirror_paths,
-            change,
-            where,
-        )
+        opener = _Read(view_store, view_arrow, partition_by, history_store, schema, 0, 1)
+        return _open_in_tasks(spark, opener, added, mirror_paths, change, where)
     files = [*removed, *added]
     rows = sum(f.num_records or 0 for f in files)
     carriers = max(2, -(-sum(f.size for f in files) // BYTES_PER_TASK), -(-rows // ROWS_PER_TASK))
@@ -153,21 +143,16 @@ def mirror_in_tasks(
 
 def _open_in_tasks(
     spark: Any,
-    view_store: Store,
-    view_arrow: pa.Schema,
-    partition_by: tuple[str, ...],
-    history_store: Store,
-    schema: pa.Schema,
+    read: _Read,
     added: Sequence[DataFile],
     mirror_paths: Sequence[str],
     change: Change,
     where: Where,
 ) -> Mirrored:
     """A version that removes nothing (a first load, an append): every row it adds opens a
-    lifetime, so each file's mirror is written by the task that reads it, with no shuffle."""
-    task = _Open(
-        _Read(view_store, view_arrow, partition_by, history_store, schema, 0, 1), tuple(mirror_paths), change
-    )
+    lifetime, so each file's mirror is written by the task that reads it (``read``: with no
+    removed files), with no shuffle."""
+    task = _Open(read, tuple(mirror_paths), change)
     try:
         report = to_arrow(map_in_arrow(file_frame(spark, added), task, _REPORT))
     except Exception as exc:
